@@ -1,0 +1,37 @@
+# agentgate: `make run` serves the chat page with embedded defaults; `make test` runs every test.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PORT ?= 8000
+HOST ?= 127.0.0.1
+
+.PHONY: setup run test lint typecheck clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+.setup-stamp: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	touch .setup-stamp
+
+setup: .setup-stamp
+	$(BIN)/python manage.py migrate --noinput
+	$(BIN)/python manage.py ensure_demo_user
+
+run: setup
+	@echo "Open http://$(HOST):$(PORT)/ and log in as shown above."
+	$(BIN)/python manage.py serve --host $(HOST) --port $(PORT)
+
+test: .setup-stamp
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: .setup-stamp
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check . || true
+
+typecheck: .setup-stamp
+	$(BIN)/mypy gatewayproject chat sessions_app
+
+clean:
+	rm -rf $(VENV) .setup-stamp test_db.sqlite3*

@@ -1,0 +1,418 @@
+"""The gateway WebSocket consumer: handshake, request dispatch, event delivery and repair.
+
+The consumer stays thin: parsing lives in `protocol`, methods in `methods`, state
+changes in `sessions_app.lifecycle`. What it owns is per-connection delivery
+state, so that each run's events reach the client in `seq` order with exactly
+one terminal, rows never go backwards, and whatever the channel layer dropped is
+repaired from the database within GATEWAY_REPAIR_SECONDS (§9).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+from django.utils import timezone
+
+from sessions_app import selectors
+from sessions_app.models import TERMINAL_STATES, ChatSession
+from sessions_app.tokens import authenticate_token
+
+from . import groups, methods, protocol
+from .protocol import ProtocolError, invalid
+from .runtime.manager import run_manager
+
+log = logging.getLogger(__name__)
+TERMINAL_CHAT_STATES = ("final", "error", "aborted")
+MAX_TRACKED_RUNS = 2000
+
+
+@dataclass
+class RunView:
+    """What this connection has delivered of one run."""
+
+    run_id: str
+    session_key: str
+    session_id: str
+    seq: int = 0
+    terminal: bool = False
+
+
+class GatewayConsumer(AsyncWebsocketConsumer):
+    """One client connection speaking protocol v4."""
+
+    user_id: int
+    is_admin: bool
+
+    async def connect(self) -> None:
+        self.conn_id = uuid.uuid4().hex
+        self.authed = False
+        self.user_id = 0
+        self.username = ""
+        self.is_admin = False
+        self.scopes: list[str] = []
+        self.event_seq = 0
+        self.subscribed = False
+        self.subscribed_all = False
+        self.runs: OrderedDict[int, RunView] = OrderedDict()
+        self.rows: dict[int, dict[str, Any]] = {}
+        self.row_watermark = timezone.now()
+        self.tokens = float(settings.GATEWAY_RATE_BURST)
+        self.tokens_at = time.monotonic()
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.groups_joined: list[str] = []
+        await run_manager.ensure_started()
+        await self.accept()
+        await self.send_event("connect.challenge", {"nonce": secrets.token_hex(16), "ts": _now_ms()})
+        self._spawn(self._connect_deadline())
+
+    async def disconnect(self, code: int) -> None:
+        for task in list(self.tasks):
+            task.cancel()
+        run_manager.consumers.discard(self)
+        for group in self.groups_joined:
+            with contextlib.suppress(Exception):
+                await self.channel_layer.group_discard(group, self.channel_name)
+
+    # --- inbound --------------------------------------------------------------------------------
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if bytes_data is not None or text_data is None:
+            await self._reply_error("invalid", invalid("binary frames are not supported"))
+            return
+        if len(text_data) > settings.GATEWAY_MAX_PAYLOAD or len(text_data.encode()) > settings.GATEWAY_MAX_PAYLOAD:
+            await self.close(code=1009)  # daphne's own frame limit normally fires first
+            return
+        try:
+            request = protocol.parse_frame(text_data)
+        except ProtocolError as exc:
+            if not self.authed:
+                await self._reject_first_frame(getattr(exc, "request_id", None))
+                return
+            await self._reply_error(getattr(exc, "request_id", None) or "invalid", exc)
+            return
+        if not self.authed:
+            if request.method != "connect":
+                await self._reject_first_frame(request.id)
+                return
+            await self._handshake(request)
+            return
+        await self._dispatch(request)
+
+    async def _dispatch(self, request: protocol.Request) -> None:
+        try:
+            self._take_token()
+            if request.method == "connect":
+                raise invalid("already connected", field="method")
+            handler = methods.HANDLERS.get(request.method)
+            if handler is None:
+                raise invalid(f"unknown method: {request.method}", code="UNKNOWN_METHOD", field="method")
+            scope = protocol.METHOD_SCOPES[request.method]
+            if scope not in self.scopes:
+                raise ProtocolError("FORBIDDEN", f"{request.method} needs scope {scope}")
+            reply = await handler(self, request.params)
+        except ProtocolError as exc:
+            await self._reply_error(request.id, exc)
+            return
+        except Exception:
+            log.exception("handler %s failed", request.method)
+            await self._reply_error(request.id, ProtocolError("INTERNAL", "internal error"))
+            return
+        if reply.wait is not None:
+            self._spawn(self._send_held(request.id, reply))
+            return
+        await self._send_reply(request.id, reply)
+
+    async def _send_held(self, rid: str, reply: methods.Reply) -> None:
+        assert reply.wait is not None
+        try:
+            final = await reply.wait()
+        except Exception:
+            log.exception("held ack failed")
+            await self._reply_error(rid, ProtocolError("INTERNAL", "internal error"))
+            return
+        await self._send_reply(rid, final)
+
+    async def _send_reply(self, rid: str, reply: methods.Reply) -> None:
+        if reply.error is not None:
+            await self._send_frame(protocol.response_error(rid, reply.error, reply.payload))
+        else:
+            await self._send_frame(protocol.response_ok(rid, reply.payload or {}))
+
+    def _take_token(self) -> None:
+        now = time.monotonic()
+        rate = settings.GATEWAY_RATE_PER_SEC
+        self.tokens = min(float(settings.GATEWAY_RATE_BURST), self.tokens + (now - self.tokens_at) * rate)
+        self.tokens_at = now
+        if self.tokens < 1:
+            wait_ms = max(1, int((1 - self.tokens) / rate * 1000) + 1)
+            raise ProtocolError("RATE_LIMITED", "too many requests on this connection", retry_after_ms=wait_ms,
+                                retryable=True)
+        self.tokens -= 1
+
+    # --- handshake ---------------------------------------------------------------------------------
+
+    async def _reject_first_frame(self, rid: str | None) -> None:
+        await self._reply_error(rid or "invalid", invalid("first request must be connect"))
+        await self.close(code=4008)
+
+    async def _handshake(self, request: protocol.Request) -> None:
+        params = request.params
+        try:
+            lo = protocol.get_int(params, "minProtocol", lo=0, hi=1_000_000, default=None)
+            hi = protocol.get_int(params, "maxProtocol", lo=0, hi=1_000_000, default=None)
+            if lo is None or hi is None:
+                raise invalid("minProtocol and maxProtocol are required",
+                              field="minProtocol" if lo is None else "maxProtocol")
+            client = params.get("client")
+            if not isinstance(client, dict) or not isinstance(client.get("id"), str) or not client["id"]:
+                raise invalid("client.id is required", field="client.id")
+            role = params.get("role", "operator")
+            if role != "operator":
+                raise invalid("role must be 'operator'", field="role")
+        except ProtocolError as exc:
+            await self._reply_error(request.id, exc)
+            await self.close(code=4008)
+            return
+        if not (lo <= protocol.PROTOCOL_VERSION <= hi):
+            err = invalid("protocol version mismatch", code="PROTOCOL_MISMATCH",
+                          expectedProtocol=protocol.PROTOCOL_VERSION)
+            await self._reply_error(request.id, err)
+            await self.close(code=4002)
+            return
+        auth = params.get("auth") if isinstance(params.get("auth"), dict) else {}
+        identity = await self._identify(auth.get("token") if auth else None)
+        if identity is None:
+            await self._reply_error(request.id, ProtocolError("UNAUTHORIZED", "authentication required"))
+            await self.close(code=4008)
+            return
+        self.user_id, self.username, staff = identity
+        allowed = ["operator.read", "operator.write"] + (["operator.admin"] if staff else [])
+        requested = params.get("scopes")
+        if isinstance(requested, list) and requested:
+            self.scopes = [s for s in allowed if s in requested]
+        else:
+            self.scopes = allowed
+        self.is_admin = "operator.admin" in self.scopes
+        self.authed = True
+        for group in (groups.user_group(self.user_id),):
+            await self.channel_layer.group_add(group, self.channel_name)
+            self.groups_joined.append(group)
+        run_manager.consumers.add(self)
+        await self._send_frame(protocol.response_ok(request.id, self._hello()))
+        self._spawn(self._tick_loop())
+        self._spawn(self._repair_loop())
+
+    async def _identify(self, token: Any) -> tuple[int, str, bool] | None:
+        if token is not None:
+            user = await database_sync_to_async(authenticate_token)(token if isinstance(token, str) else None)
+        else:
+            user = await database_sync_to_async(_scope_user)(self.scope)
+        if user is None:
+            return None
+        return int(user.pk), user.get_username(), bool(getattr(user, "is_staff", False))
+
+    def _hello(self) -> dict[str, Any]:
+        return {
+            "type": "hello-ok",
+            "protocol": protocol.PROTOCOL_VERSION,
+            "server": {"version": settings.GATEWAY_VERSION, "connId": self.conn_id},
+            "features": {"methods": protocol.METHODS, "events": protocol.EVENTS},
+            "snapshot": {"sessionDefaults": {"defaultAgentId": "main", "mainKey": "main",
+                                             "mainSessionKey": "agent:main:main"}},
+            "auth": {"role": "operator", "scopes": self.scopes, "user": self.username},
+            "policy": {"maxPayload": settings.GATEWAY_MAX_PAYLOAD,
+                       "maxBufferedBytes": settings.GATEWAY_MAX_BUFFERED_BYTES,
+                       "tickIntervalMs": settings.GATEWAY_TICK_INTERVAL_MS},
+        }
+
+    async def _connect_deadline(self) -> None:
+        await asyncio.sleep(settings.GATEWAY_CONNECT_TIMEOUT_MS / 1000)
+        if not self.authed:
+            await self.close(code=4008)
+
+    # --- connection state used by methods -----------------------------------------------------------
+
+    def track_run(self, run_pk: int, *, terminal: bool, run_id: str, session_key: str, session_id: str) -> None:
+        """Remember a run this client knows of; a terminal ack closes it for this connection."""
+        view = self.runs.get(run_pk)
+        if view is None:
+            view = RunView(run_id, session_key, session_id)
+            self._remember(run_pk, view)
+        if terminal:
+            view.terminal = True
+
+    def set_subscription(self, subscribed: bool, *, all_sessions: bool = False) -> None:
+        self.subscribed = subscribed
+        self.subscribed_all = subscribed and all_sessions
+        self.row_watermark = timezone.now()
+        if self.subscribed_all and groups.OPERATORS not in self.groups_joined:
+            self.groups_joined.append(groups.OPERATORS)
+            self._spawn(self.channel_layer.group_add(groups.OPERATORS, self.channel_name))
+
+    def _remember(self, run_pk: int, view: RunView) -> None:
+        self.runs[run_pk] = view
+        self.runs.move_to_end(run_pk)
+        while len(self.runs) > MAX_TRACKED_RUNS:
+            self.runs.popitem(last=False)
+
+    # --- outbound: layer events -----------------------------------------------------------------------
+
+    def _entitled(self, owner_id: int, group_origin_all: bool) -> bool:
+        return owner_id == self.user_id or (self.subscribed_all and self.is_admin)
+
+    async def gateway_chat(self, message: dict[str, Any]) -> None:
+        """A run event from the layer: deliver in seq order, one terminal, nothing after it."""
+        if not self.authed or not self._entitled(int(message["owner"]), False):
+            return
+        await self._deliver_chat(int(message["run"]), message["payload"])
+
+    async def _deliver_chat(self, run_pk: int, payload: dict[str, Any]) -> None:
+        if int(payload.get("owner", self.user_id)) != self.user_id and not self.subscribed_all:
+            return
+        view = self.runs.get(run_pk)
+        seq = int(payload.get("seq", 0))
+        if view is None:
+            view = RunView(payload["runId"], payload["sessionKey"], payload["sessionId"])
+            self._remember(run_pk, view)
+        if view.terminal or seq <= view.seq:
+            return
+        view.seq = seq
+        view.terminal = payload.get("state") in TERMINAL_CHAT_STATES
+        await self.send_event("chat", payload)
+
+    async def gateway_session(self, message: dict[str, Any]) -> None:
+        """A sessions.changed from the layer: subscribed connections only, never an older row."""
+        owner = int(message["owner"])
+        if not self.authed or not self.subscribed:
+            return
+        if owner != self.user_id and not self.subscribed_all:
+            return
+        await self._deliver_row(int(message["session"]), message["payload"])
+
+    async def _deliver_row(self, session_pk: int, payload: dict[str, Any]) -> None:
+        row = payload["session"]
+        known = self.rows.get(session_pk)
+        if known is not None and (row["version"] < known["version"] or known.get("deleted")):
+            return
+        self.rows[session_pk] = row
+        await self.send_event("sessions.changed", payload)
+
+    # --- repair (§9) ------------------------------------------------------------------------------------
+
+    async def _repair_loop(self) -> None:
+        interval = max(0.2, settings.GATEWAY_REPAIR_SECONDS / 2)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.repair()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("repair failed")
+
+    async def repair(self) -> None:
+        """Deliver, from the database, terminals and rows this connection missed."""
+        open_runs = [pk for pk, view in self.runs.items() if not view.terminal]
+        since = self.row_watermark - timedelta(seconds=max(5.0, settings.GATEWAY_REPAIR_SECONDS * 2))
+        scan_started = timezone.now()
+        owner = None if self.subscribed_all else self.user_id
+        runs, rows, existing = await database_sync_to_async(_repair_snapshot)(
+            open_runs, owner, since if self.subscribed else None, list(self.rows) if self.subscribed else []
+        )
+        for pk in open_runs:
+            view = self.runs.get(pk)
+            if view is None or view.terminal:
+                continue
+            stored = runs.get(pk)
+            if stored is None:
+                # The run is gone with its deleted session: close it as aborted (delete).
+                await self._deliver_chat(pk, {"runId": view.run_id, "sessionKey": view.session_key,
+                                              "sessionId": view.session_id, "seq": view.seq + 1,
+                                              "state": "aborted", "stopReason": "delete"})
+            elif stored["state"] in TERMINAL_STATES:
+                await self._deliver_chat(pk, stored["payload"])
+        if self.subscribed:
+            self.row_watermark = scan_started
+            for session_pk, row in rows.items():
+                known = self.rows.get(session_pk)
+                if known is None or row["version"] > known["version"]:
+                    await self._deliver_row(session_pk, {"sessionKey": row["key"], "reason": "resync",
+                                                         "ts": _now_ms(), "session": row})
+            for session_pk, known in list(self.rows.items()):
+                if session_pk not in existing and not known.get("deleted"):
+                    gone = {**known, "deleted": True, "version": known["version"] + 1}
+                    await self._deliver_row(session_pk, {"sessionKey": known["key"], "reason": "delete",
+                                                         "ts": _now_ms(), "session": gone})
+
+    # --- sending ----------------------------------------------------------------------------------------
+
+    async def send_event(self, name: str, payload: dict[str, Any]) -> None:
+        self.event_seq += 1
+        await self._send_frame(protocol.event_frame(name, payload, self.event_seq))
+
+    async def send_shutdown(self, reason: str) -> None:
+        await self.send_event("shutdown", {"reason": reason})
+
+    async def _send_frame(self, frame: dict[str, Any]) -> None:
+        await self.send(text_data=json.dumps(frame, separators=(",", ":")))
+
+    async def _reply_error(self, rid: str, exc: ProtocolError) -> None:
+        await self._send_frame(protocol.response_error(rid, exc.to_error()))
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(settings.GATEWAY_TICK_INTERVAL_MS / 1000)
+            await self.send_event("tick", {"ts": _now_ms()})
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _scope_user(scope: dict[str, Any]) -> Any:
+    user = scope.get("user")
+    if user is None:
+        return None
+    # Resolve the lazy user here, on a worker thread.
+    return user if getattr(user, "is_authenticated", False) and user.is_active else None
+
+
+def _repair_snapshot(
+    run_pks: list[int], owner_id: int | None, rows_since: Any, known_sessions: list[int]
+) -> tuple[dict[int, dict[str, Any]], dict[int, dict[str, Any]], set[int]]:
+    from sessions_app.models import Run
+
+    runs: dict[int, dict[str, Any]] = {}
+    if run_pks:
+        for run in Run.objects.select_related("session").filter(pk__in=run_pks):
+            entry: dict[str, Any] = {"state": run.state}
+            if run.state in TERMINAL_STATES:
+                entry["payload"] = protocol.chat_payload_for_run(run, run.session.key)
+            runs[run.pk] = entry
+    rows: dict[int, dict[str, Any]] = {}
+    existing: set[int] = set()
+    if rows_since is not None:
+        changed = list(selectors.owner_sessions(owner_id).filter(updated_at__gte=rows_since).order_by("id")[:500])
+        for session, row in zip(changed, selectors.session_rows(changed), strict=True):
+            rows[session.pk] = row
+        if known_sessions:
+            existing = set(ChatSession.objects.filter(pk__in=known_sessions).values_list("pk", flat=True))
+    return runs, rows, existing

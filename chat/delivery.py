@@ -1,0 +1,73 @@
+"""Broadcasts to channel-layer groups, called from on-commit callbacks.
+
+Failures are logged and swallowed: a broadcast never undoes a committed change,
+and the repair loop in every connection (§9) fills in what a layer dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+
+from . import groups
+
+log = logging.getLogger(__name__)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def chat_message(owner_id: int, run_pk: int, payload: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "gateway.chat", "owner": owner_id, "run": run_pk, "payload": payload}
+
+
+def session_message(
+    owner_id: int, session_pk: int, reason: str, row: dict[str, Any], run_id: str | None
+) -> dict[str, Any]:
+    payload: dict[str, Any] = {"sessionKey": row["key"], "reason": reason, "ts": now_ms(), "session": row}
+    if run_id:
+        payload["runId"] = run_id
+    return {"type": "gateway.session", "owner": owner_id, "session": session_pk, "payload": payload}
+
+
+async def agroup_send_all(owner_id: int, message: dict[str, Any]) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    for group in (groups.user_group(owner_id), groups.OPERATORS):
+        try:
+            await layer.group_send(group, message)
+        except Exception:  # a broadcast never undoes a committed change
+            log.exception("group_send to %s failed", group)
+
+
+def group_send_all(owner_id: int, message: dict[str, Any]) -> None:
+    """Sync twin of agroup_send_all, for on-commit callbacks on worker threads."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        async_to_sync(agroup_send_all)(owner_id, message)
+        return
+    # Called on an event-loop thread (never from the lifecycle service): schedule it.
+    asyncio.ensure_future(agroup_send_all(owner_id, message))
+
+
+def send_chat(owner_id: int, run_pk: int, payload: dict[str, Any]) -> None:
+    group_send_all(owner_id, chat_message(owner_id, run_pk, payload))
+
+
+def send_row(owner_id: int, session_pk: int, reason: str, run_id: str | None,
+             fallback_row: dict[str, Any] | None = None) -> None:
+    """Broadcast sessions.changed built from committed state (or the deleted row)."""
+    from sessions_app.selectors import session_row
+
+    row = session_row(session_pk) or fallback_row
+    if row is None:
+        return
+    group_send_all(owner_id, session_message(owner_id, session_pk, reason, row, run_id))

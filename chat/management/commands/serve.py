@@ -1,0 +1,70 @@
+"""Serve the gateway with daphne: frame limit from settings, run manager at start-up,
+graceful drain on SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from typing import Any
+
+import daphne.server  # noqa: F401  (installs the asyncio reactor; must come before twisted imports)
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandParser
+
+
+class Command(BaseCommand):
+    help = "Serve HTTP and the gateway WebSocket with daphne."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--access-log", default=None, help="path for the access log ('-' for stdout)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        from daphne.endpoints import build_endpoint_description_strings
+        from daphne.server import Server
+        from twisted.internet import reactor
+
+        from chat.runtime.manager import run_manager
+        from gatewayproject.asgi import application
+
+        host, port = options["host"], options["port"]
+        server = Server(
+            application=application,
+            endpoints=build_endpoint_description_strings(host=host, port=port),
+            websocket_max_message_size=settings.GATEWAY_MAX_PAYLOAD,
+            signal_handlers=False,
+            action_logger=None,
+            ws_protocols=None,
+            root_path="",
+            verbosity=1,
+        )
+
+        def start_runtime() -> None:
+            asyncio.ensure_future(run_manager.ensure_started())
+
+        stopping = {"done": False}
+
+        def on_signal(signum: int, frame: Any) -> None:
+            if stopping["done"]:
+                return
+            stopping["done"] = True
+            self.stdout.write(f"signal {signum}: draining runs, then stopping", ending="\n")
+            reactor.callFromThread(begin_shutdown)
+
+        def begin_shutdown() -> None:
+            async def drain() -> None:
+                try:
+                    if run_manager.running:
+                        await run_manager.drain_and_stop(settings.GATEWAY_SHUTDOWN_DRAIN_SECONDS)
+                finally:
+                    reactor.stop()
+
+            asyncio.ensure_future(drain())
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        reactor.callWhenRunning(start_runtime)  # type: ignore[attr-defined]
+        self.stdout.write(f"agentgate listening on http://{host}:{port}/ (WebSocket ws://{host}:{port}/ws/gateway)")
+        self.stdout.flush()
+        server.run()

@@ -1,0 +1,10 @@
+"""WebSocket URL routes: /ws/gateway and, for OpenClaw clients, the root path."""
+
+from django.urls import path
+
+from .consumers import GatewayConsumer
+
+websocket_urlpatterns = [
+    path("ws/gateway", GatewayConsumer.as_asgi()),
+    path("", GatewayConsumer.as_asgi()),
+]

@@ -1,0 +1,349 @@
+"""The per-process run manager: runs execute as its asyncio tasks, not the socket's.
+
+A client disconnect never kills a run. Each run is one task; aborts reach it
+wherever it executes: locally by cancelling the task, across processes through
+the channel layer (`proc.<server_id>` group), and, as a backstop for a dropped
+layer message, by a reconcile loop that cancels local tasks whose run the
+database says has ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from django.conf import settings
+
+from sessions_app import lifecycle, process
+from sessions_app.models import ACTIVE_STATES, Message, Run, RunState
+
+from .. import delivery, groups, protocol
+from .backends import BackendError, BackendTimeout, DispatchError, RunContext, get_backend
+
+log = logging.getLogger(__name__)
+
+
+class RunManager:
+    """Owns the run tasks and background loops of this process."""
+
+    def __init__(self) -> None:
+        self.server_id = ""
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.tasks: dict[int, asyncio.Task[None]] = {}
+        self.cancel_started: dict[int, float] = {}
+        self.waiters: dict[int, set[asyncio.Event]] = {}
+        self.consumers: set[Any] = set()
+        self.background: list[asyncio.Task[None]] = []
+        self.accepting = True
+        self.channel_name: str | None = None
+
+    # --- lifecycle of the manager ----------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self.loop is not None and not self.loop.is_closed() and self.loop.is_running()
+
+    async def ensure_started(self) -> None:
+        """Start on the current loop (idempotent; restarts if a test brought a new loop)."""
+        loop = asyncio.get_running_loop()
+        if self.loop is loop:
+            return
+        if self.loop is not None:
+            self._forget()
+        self.loop = loop
+        self.server_id = f"{socket.gethostname()[:30]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.accepting = True
+        process.set_current(self.server_id)
+        await database_sync_to_async(process.register)(self.server_id)
+        self.background = [
+            asyncio.ensure_future(self._heartbeat_loop()),
+            asyncio.ensure_future(self._reconcile_loop()),
+            asyncio.ensure_future(self._listen_loop()),
+        ]
+        log.info("run manager %s started", self.server_id)
+
+    def _forget(self) -> None:
+        """Drop state bound to an old event loop (tests start a new loop per test)."""
+        for task in [*self.tasks.values(), *self.background]:
+            if not task.done() and task.get_loop().is_running():
+                task.cancel()
+        self.tasks.clear()
+        self.background.clear()
+        self.waiters.clear()
+        self.consumers.clear()
+        self.channel_name = None
+        process.set_current("")
+        self.loop = None
+
+    async def stop(self) -> None:
+        """Stop background loops and local runs (tests); runs are not ended in the DB."""
+        tasks = [*self.background, *self.tasks.values()]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        self._forget()
+
+    # --- thread-safe entry points (from on-commit callbacks) ----------------------------------
+
+    def call_threadsafe(self, fn: Any, *args: Any) -> None:
+        loop = self.loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            fn(*args)
+        else:
+            with contextlib.suppress(RuntimeError):  # loop closed meanwhile
+                # A clean context: the caller's carries asgiref's thread-executor
+                # markers, which would make the run's own sync calls look re-entrant.
+                loop.call_soon_threadsafe(fn, *args, context=contextvars.Context())
+
+    def submit(self, run_pk: int) -> None:
+        """Start executing an active run owned by this process (on the loop)."""
+        if run_pk in self.tasks or self.loop is None:
+            return
+        task = self.loop.create_task(self._execute(run_pk), context=contextvars.Context())
+        self.tasks[run_pk] = task
+        task.add_done_callback(lambda _t, pk=run_pk: self._task_done(pk))
+
+    def cancel(self, run_pk: int) -> None:
+        """The run ended elsewhere (abort, reset, timeout sweep): stop its work now."""
+        task = self.tasks.get(run_pk)
+        if task is not None and not task.done():
+            self.cancel_started[run_pk] = time.monotonic()
+            task.cancel()
+
+    def notify(self, run_pk: int) -> None:
+        for event in self.waiters.get(run_pk, ()):
+            event.set()
+
+    def _task_done(self, run_pk: int) -> None:
+        self.tasks.pop(run_pk, None)
+        started = self.cancel_started.pop(run_pk, None)
+        if started is not None and self.loop is not None:
+            elapsed = int((time.monotonic() - started) * 1000)
+            asyncio.ensure_future(database_sync_to_async(lifecycle.record_cancel_ms)(run_pk, elapsed))
+
+    # --- waiting (chat.send waitMs) ------------------------------------------------------------
+
+    async def wait_terminal(self, run_pk: int, timeout: float) -> Run | None:
+        """Wait until the run is terminal or `timeout` passes; return the run as stored."""
+        event = asyncio.Event()
+        self.waiters.setdefault(run_pk, set()).add(event)
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                run = await database_sync_to_async(lifecycle.get_run)(run_pk)
+                if run is None or run.is_terminal:
+                    return run
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return run
+                event.clear()
+                # The local notification is fast; the poll covers runs on other processes.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), min(remaining, 0.25))
+        finally:
+            self.waiters.get(run_pk, set()).discard(event)
+
+    # --- execution -------------------------------------------------------------------------------
+
+    async def _execute(self, run_pk: int) -> None:
+        run = await database_sync_to_async(lifecycle.get_run)(run_pk)
+        if run is None or run.state != RunState.DISPATCHING:
+            return
+        ctx = await database_sync_to_async(_context_for)(run)
+        backend = get_backend(run.session.agent_id)
+        text = ""
+        try:
+            async with asyncio.timeout(run.timeout_ms / 1000):
+                if backend is None:
+                    raise DispatchError(f"agent {run.session.agent_id!r} has no usable backend")
+                stream = await backend.start(ctx)
+                if not await database_sync_to_async(lifecycle.mark_running)(run_pk):
+                    await _aclose(stream)
+                    return  # an abort owns the run: the backend never streams
+                text = await self._pump(run, stream)
+            await self._finish(run_pk, RunState.DONE, reply=text, stop_reason=ctx.stop_reason, usage=ctx.usage)
+        except DispatchError as exc:
+            await self._finish(
+                run_pk, RunState.FAILED, error_kind="dispatch", error_message=str(exc) or "dispatch failed",
+                reason="chat.dispatch-error",
+            )
+        except TimeoutError:
+            await self._finish(
+                run_pk, RunState.TIMEOUT, error_kind="timeout", stop_reason="timeout",
+                error_message=f"run exceeded its budget of {run.timeout_ms} ms (timeoutMs)",
+                reply=await _stored_reply(run_pk),
+            )
+        except BackendTimeout as exc:
+            await self._finish(
+                run_pk, RunState.TIMEOUT, error_kind="timeout", stop_reason="timeout",
+                error_message=exc.message, reply=await _stored_reply(run_pk),
+            )
+        except BackendError as exc:
+            await self._finish(
+                run_pk, RunState.FAILED, error_kind=exc.kind, error_message=exc.message,
+                reply=await _stored_reply(run_pk),
+            )
+        except asyncio.CancelledError:
+            raise  # the run was ended elsewhere; that transition already broadcast
+        except Exception:
+            log.exception("run %s crashed", run_pk)
+            await self._finish(run_pk, RunState.FAILED, error_kind="unknown", error_message="internal error")
+
+    async def _pump(self, run: Run, stream: AsyncIterator[str]) -> str:
+        """Stream chunks to clients, coalesced to one delta per interval, persisted first."""
+        interval = settings.GATEWAY_DELTA_INTERVAL_MS / 1000
+        text = ""
+        sent = ""
+        last = 0.0
+        key = run.session.key
+        gen = str(run.session_generation)
+        owner = run.session.owner_id
+        try:
+            async for chunk in stream:
+                text += chunk
+                now = time.monotonic()
+                if now - last >= interval:
+                    if not await self._flush(run, owner, key, gen, text, sent):
+                        break
+                    sent, last = text, now
+            else:
+                if text != sent:
+                    await self._flush(run, owner, key, gen, text, sent)
+                return text
+        except BackendError:
+            if text != sent:
+                await self._flush(run, owner, key, gen, text, sent)
+            raise
+        finally:
+            await _aclose(stream)
+        raise asyncio.CancelledError()  # ended elsewhere while streaming
+
+    async def _flush(self, run: Run, owner: int, key: str, gen: str, text: str, sent: str) -> bool:
+        seq = await database_sync_to_async(lifecycle.record_delta)(run.pk, text)
+        if seq is None:
+            return False  # the run ended: no delta may follow its terminal event
+        payload = protocol.delta_payload(run.run_id, key, gen, seq, text[len(sent):], text, delivery.now_ms())
+        await delivery.agroup_send_all(owner, delivery.chat_message(owner, run.pk, payload))
+        return True
+
+    async def _finish(self, run_pk: int, state: str, **kwargs: Any) -> None:
+        await database_sync_to_async(lifecycle.finish_run)(run_pk, state, **kwargs)
+
+    # --- background loops ------------------------------------------------------------------------
+
+    async def _heartbeat_loop(self) -> None:
+        from sessions_app import recovery
+
+        while True:
+            await asyncio.sleep(settings.GATEWAY_HEARTBEAT_SECONDS)
+            try:
+                await database_sync_to_async(process.heartbeat)(self.server_id)
+                await database_sync_to_async(recovery.sweep)(self.server_id)
+                for pk in await database_sync_to_async(process.unowned_active_runs)():
+                    if self.accepting and await database_sync_to_async(lifecycle.claim_run)(pk, self.server_id):
+                        self.submit(pk)
+            except Exception:
+                log.exception("heartbeat/recovery sweep failed")
+
+    async def _reconcile_loop(self) -> None:
+        """Cancel local tasks whose run ended elsewhere (a dropped abort message)."""
+        while True:
+            await asyncio.sleep(settings.GATEWAY_REPAIR_SECONDS)
+            if not self.tasks:
+                continue
+            try:
+                ended = await database_sync_to_async(_ended_runs)(list(self.tasks))
+                for pk in ended:
+                    self.cancel(pk)
+            except Exception:
+                log.exception("reconcile failed")
+
+    async def _listen_loop(self) -> None:
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        self.channel_name = await layer.new_channel()
+        await layer.group_add(groups.process_group(self.server_id), self.channel_name)
+        while True:
+            try:
+                message = await layer.receive(self.channel_name)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("process channel receive failed")
+                await asyncio.sleep(1)
+                continue
+            if message.get("type") == "run.cancel":
+                self.cancel(int(message["run"]))
+            elif message.get("type") == "run.submit":
+                self.submit(int(message["run"]))
+
+    # --- shutdown ----------------------------------------------------------------------------------
+
+    async def drain_and_stop(self, drain_seconds: float) -> None:
+        """SIGTERM: stop taking runs, tell clients, let runs finish briefly, interrupt the rest."""
+        self.accepting = False
+        for consumer in list(self.consumers):
+            with contextlib.suppress(Exception):
+                await consumer.send_shutdown("server shutting down")
+        deadline = time.monotonic() + drain_seconds
+        while self.tasks and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        await database_sync_to_async(lifecycle.interrupt_runs_of_process)(
+            self.server_id, actor="system", message="gateway process shut down before the run finished"
+        )
+        await database_sync_to_async(process.mark_stopped)(self.server_id)
+        for consumer in list(self.consumers):
+            with contextlib.suppress(Exception):
+                await consumer.close(code=4001)
+        await self.stop()
+
+
+async def _aclose(stream: Any) -> None:
+    closer = getattr(stream, "aclose", None)
+    if closer is not None:
+        with contextlib.suppress(Exception):
+            await closer()
+
+
+async def _stored_reply(run_pk: int) -> str | None:
+    run = await database_sync_to_async(lifecycle.get_run)(run_pk)
+    return run.reply if run is not None else None
+
+
+def _ended_runs(pks: list[int]) -> list[int]:
+    active = set(Run.objects.filter(pk__in=pks, state__in=ACTIVE_STATES).values_list("pk", flat=True))
+    return [pk for pk in pks if pk not in active]
+
+
+def _context_for(run: Run) -> RunContext:
+    """Build the backend context: the run plus the transcript of its generation."""
+    msgs = Message.objects.filter(session_id=run.session_id, session_generation=run.session_generation).order_by("id")
+    transcript = [{"role": m.role, "text": m.text, "aborted": m.aborted, "run": m.run_id} for m in msgs]
+    return RunContext(
+        run_pk=run.pk, run_id=run.run_id, session_key=run.session.key, session_id=str(run.session_generation),
+        agent_id=run.session.agent_id, agent=dict(settings.GATEWAY_AGENTS.get(run.session.agent_id, {})),
+        message=run.message, attachments=list(run.attachments or []), transcript=transcript,
+        timeout_ms=run.timeout_ms,
+    )
+
+
+run_manager = RunManager()

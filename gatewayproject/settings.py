@@ -1,0 +1,155 @@
+"""Settings for agentgate, read from the environment with django-environ.
+
+Every knob has an embedded default so that `make run` works on a fresh machine:
+SQLite in the repo folder, the in-memory channel layer and the scripted agent.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
+
+# --- Core Django -------------------------------------------------------------
+DEBUG = env.bool("DEBUG", default=False)
+SECRET_KEY = env.str("SECRET_KEY", default="dev-insecure-change-me-agentgate-0000000000000000000000")
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+
+INSTALLED_APPS = [
+    "daphne",  # must come before staticfiles (daphne.E001)
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "sessions_app.apps.SessionsAppConfig",
+    "chat.apps.ChatConfig",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "gatewayproject.urls"
+ASGI_APPLICATION = "gatewayproject.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database ----------------------------------------------------------------
+# Persistent connections are useless under ASGI (each sync call may run on a
+# fresh thread), so CONN_MAX_AGE stays 0.
+DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # WAL lets readers run beside the writer; IMMEDIATE transactions plus a busy
+    # timeout make concurrent writers queue instead of failing with "locked".
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {
+            "transaction_mode": "IMMEDIATE",
+            "timeout": env.int("SQLITE_BUSY_TIMEOUT_SECONDS", default=30),
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        }
+    )
+DATABASES["default"]["CONN_MAX_AGE"] = 0
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Channel layer -------------------------------------------------------------
+REDIS_URL = env.str("REDIS_URL", default="")
+GATEWAY_CHANNEL_CAPACITY = env.int("GATEWAY_CHANNEL_CAPACITY", default=500)
+if REDIS_URL:
+    CHANNEL_LAYERS: dict[str, Any] = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {
+                "hosts": [REDIS_URL],
+                "capacity": GATEWAY_CHANNEL_CAPACITY,
+                "prefix": env.str("REDIS_LAYER_PREFIX", default="agentgate"),
+            },
+        }
+    }
+else:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels.layers.InMemoryChannelLayer",
+            "CONFIG": {"capacity": GATEWAY_CHANNEL_CAPACITY},
+        }
+    }
+
+# --- Auth, i18n, static ----------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "login"
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {
+        "chat": {"handlers": ["console"], "level": env.str("GATEWAY_LOG_LEVEL", default="INFO")},
+        "sessions_app": {"handlers": ["console"], "level": env.str("GATEWAY_LOG_LEVEL", default="INFO")},
+    },
+}
+
+# --- Gateway limits (PROTOCOL.md §4, §9, §10) -------------------------------------
+GATEWAY_VERSION = "0.1.0"
+GATEWAY_MAX_MESSAGE_CHARS = env.int("GATEWAY_MAX_MESSAGE_CHARS", default=32000)
+GATEWAY_MAX_ATTACHMENTS = env.int("GATEWAY_MAX_ATTACHMENTS", default=4)
+GATEWAY_MAX_ATTACHMENT_BYTES = env.int("GATEWAY_MAX_ATTACHMENT_BYTES", default=5 * 1024 * 1024)
+GATEWAY_QUEUE_MAX = env.int("GATEWAY_QUEUE_MAX", default=20)
+GATEWAY_DEFAULT_TIMEOUT_MS = env.int("GATEWAY_DEFAULT_TIMEOUT_MS", default=600_000)
+GATEWAY_MAX_PAYLOAD = env.int("GATEWAY_MAX_PAYLOAD", default=1024 * 1024)
+GATEWAY_MAX_BUFFERED_BYTES = env.int("GATEWAY_MAX_BUFFERED_BYTES", default=8 * 1024 * 1024)
+GATEWAY_TICK_INTERVAL_MS = env.int("GATEWAY_TICK_INTERVAL_MS", default=30_000)
+GATEWAY_CONNECT_TIMEOUT_MS = env.int("GATEWAY_CONNECT_TIMEOUT_MS", default=10_000)
+GATEWAY_RATE_PER_SEC = env.float("GATEWAY_RATE_PER_SEC", default=20.0)
+GATEWAY_RATE_BURST = env.int("GATEWAY_RATE_BURST", default=40)
+GATEWAY_REPAIR_SECONDS = env.float("GATEWAY_REPAIR_SECONDS", default=5.0)
+GATEWAY_RECOVERY_SECONDS = env.float("GATEWAY_RECOVERY_SECONDS", default=30.0)
+GATEWAY_HEARTBEAT_SECONDS = env.float("GATEWAY_HEARTBEAT_SECONDS", default=5.0)
+GATEWAY_DELTA_INTERVAL_MS = env.int("GATEWAY_DELTA_INTERVAL_MS", default=50)
+GATEWAY_SHUTDOWN_DRAIN_SECONDS = env.float("GATEWAY_SHUTDOWN_DRAIN_SECONDS", default=5.0)
+GATEWAY_STUCK_RUN_SECONDS = env.int("GATEWAY_STUCK_RUN_SECONDS", default=3600)
+
+# Agent table: id -> {backend, model, ...}. GATEWAY_AGENTS is JSON and is merged
+# over the default, so `main` stays the scripted demo agent unless overridden.
+GATEWAY_AGENTS: dict[str, dict[str, Any]] = {"main": {"backend": "scripted", "model": "scripted"}}
+GATEWAY_AGENTS.update(json.loads(env.str("GATEWAY_AGENTS", default="{}") or "{}"))

@@ -1,0 +1,9 @@
+"""HTTP routes: admin, auth and the chat page."""
+
+from django.contrib import admin
+from django.urls import include, path
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("", include("chat.urls")),
+]

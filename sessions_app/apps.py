@@ -1,0 +1,13 @@
+from django.apps import AppConfig
+
+
+class SessionsAppConfig(AppConfig):
+    """Chat sessions, runs, transcripts and the lifecycle service."""
+
+    name = "sessions_app"
+    label = "sessions_app"  # never "sessions": that is django.contrib.sessions
+    verbose_name = "Chat sessions"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from . import receivers  # noqa: F401  (connects the lifecycle signal receivers)

@@ -1,0 +1,179 @@
+"""Sessions, runs, transcript messages, lifecycle audit, API tokens, server processes.
+
+Only `sessions_app.lifecycle` writes run and session state; these classes hold data.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+
+
+class RunState(models.TextChoices):
+    QUEUED = "queued"  # admitted behind the session's active run
+    DISPATCHING = "dispatching"  # active: admitted, the backend is being set up
+    RUNNING = "running"  # active: the backend is producing output
+    DONE = "done"  # completed
+    FAILED = "failed"  # dispatch or backend failure, or interrupted by a dead process
+    KILLED = "killed"  # aborted (rpc, /stop, interrupt, steer, reset, delete, operator)
+    TIMEOUT = "timeout"  # run budget or backend timeout
+
+
+ACTIVE_STATES = (RunState.DISPATCHING, RunState.RUNNING)
+TERMINAL_STATES = (RunState.DONE, RunState.FAILED, RunState.KILLED, RunState.TIMEOUT)
+OPEN_STATES = (RunState.QUEUED, *ACTIVE_STATES)
+
+
+class SessionStatus(models.TextChoices):
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    KILLED = "killed"
+    TIMEOUT = "timeout"
+
+
+class Actor(models.TextChoices):
+    USER = "user"
+    SYSTEM = "system"
+    OPERATOR = "operator"
+    REAPER = "reaper"
+
+
+class ChatSession(models.Model):
+    """One conversation of one owner, addressed by its canonical key."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="chat_sessions")
+    key = models.CharField(max_length=220)
+    agent_id = models.CharField(max_length=64, default="main")
+    session_id = models.UUIDField(default=uuid.uuid4)
+    label = models.CharField(max_length=200, blank=True, default="")
+    status = models.CharField(max_length=16, choices=SessionStatus.choices, null=True, blank=True)
+    active_run = models.OneToOneField(
+        "Run", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    last_run = models.ForeignKey("Run", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    aborted_last_run = models.BooleanField(default=False)
+    last_run_error = models.TextField(blank=True, default="")
+    version = models.BigIntegerField(default=1)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True, db_index=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["owner", "key"], name="uniq_session_owner_key")]
+        indexes = [
+            models.Index(fields=["owner", "-updated_at"], name="session_owner_updated"),
+            models.Index(fields=["status", "updated_at"], name="session_status_updated"),
+        ]
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class Run(models.Model):
+    """One agent run, keyed by the client's idempotency key within its session."""
+
+    session = models.ForeignKey(ChatSession, on_delete=models.CASCADE, related_name="runs")
+    run_id = models.CharField(max_length=128)
+    session_generation = models.UUIDField()
+    state = models.CharField(max_length=16, choices=RunState.choices, default=RunState.QUEUED)
+    queue_mode = models.CharField(max_length=16, default="followup")
+    queue_seq = models.BigIntegerField(default=0)
+    message = models.TextField(blank=True, default="")
+    body_hash = models.CharField(max_length=64)
+    attachments = models.JSONField(default=list, blank=True)
+    reply = models.TextField(blank=True, default="")
+    stream_seq = models.IntegerField(default=0)  # last chat event seq sent for this run
+    error_kind = models.CharField(max_length=32, blank=True, default="")
+    error_message = models.TextField(blank=True, default="")
+    stop_reason = models.CharField(max_length=32, blank=True, default="")
+    timeout_ms = models.IntegerField()
+    owner_process = models.CharField(max_length=64, blank=True, default="", db_index=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    prompt_tokens = models.IntegerField(null=True, blank=True)
+    completion_tokens = models.IntegerField(null=True, blank=True)
+    cancel_ms = models.IntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True, db_index=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["session", "run_id"], name="uniq_run_session_key")]
+        indexes = [
+            models.Index(fields=["session", "state", "queue_seq"], name="run_session_state_q"),
+            models.Index(fields=["state", "owner_process"], name="run_state_owner"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run_id} ({self.state})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+class Message(models.Model):
+    """One transcript entry of a session generation."""
+
+    session = models.ForeignKey(ChatSession, on_delete=models.CASCADE, related_name="messages")
+    session_generation = models.UUIDField()
+    role = models.CharField(max_length=16)  # user | assistant
+    text = models.TextField(blank=True, default="")
+    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.SET_NULL, related_name="messages")
+    aborted = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["session", "session_generation", "id"], name="msg_session_gen")]
+
+
+class LifecycleEvent(models.Model):
+    """Audit row: one per run transition (and per session-level change)."""
+
+    session = models.ForeignKey(ChatSession, on_delete=models.CASCADE, related_name="audit")
+    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.CASCADE, related_name="audit")
+    from_state = models.CharField(max_length=16, blank=True, default="")
+    to_state = models.CharField(max_length=16, blank=True, default="")
+    reason = models.CharField(max_length=64)
+    actor = models.CharField(max_length=16, choices=Actor.choices)
+    detail = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["session", "id"], name="audit_session")]
+
+
+class ApiToken(models.Model):
+    """A bearer token for API clients; only its SHA-256 is stored."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100, blank=True, default="")
+    prefix = models.CharField(max_length=12)
+    token_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.user})"
+
+
+class GatewayProcess(models.Model):
+    """A server process that owns runs; it heartbeats while alive."""
+
+    server_id = models.CharField(max_length=64, primary_key=True)
+    hostname = models.CharField(max_length=255, blank=True, default="")
+    pid = models.IntegerField(default=0)
+    started_at = models.DateTimeField(auto_now_add=True)
+    heartbeat_at = models.DateTimeField(db_index=True)
+    stopping = models.BooleanField(default=False)
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return self.server_id
