@@ -57,6 +57,7 @@ class ProtocolError(Exception):
         self,
         code: str,
         message: str,
+        /,
         *,
         field: str | None = None,
         retry_after_ms: int | None = None,
@@ -83,7 +84,7 @@ class ProtocolError(Exception):
         return err
 
 
-def invalid(message: str, *, field: str | None = None, **details: Any) -> ProtocolError:
+def invalid(message: str, /, *, field: str | None = None, **details: Any) -> ProtocolError:
     return ProtocolError("INVALID_REQUEST", message, field=field, **details)
 
 
@@ -312,7 +313,9 @@ def parse_chat_send(params: dict[str, Any]) -> ChatSendParams:
     message = CONTROL_RE.sub("", message)
     if len(message) > settings.GATEWAY_MAX_MESSAGE_CHARS:
         raise invalid(f"message is longer than {settings.GATEWAY_MAX_MESSAGE_CHARS} characters", field="message")
-    raw_attachments = params.get("attachments") or []
+    raw_attachments = params.get("attachments")
+    if raw_attachments is None:
+        raw_attachments = []
     if not isinstance(raw_attachments, list):
         raise invalid("attachments must be an array", field="attachments")
     if len(raw_attachments) > settings.GATEWAY_MAX_ATTACHMENTS:

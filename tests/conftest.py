@@ -41,7 +41,12 @@ class Client:
         self.hello: dict[str, Any] | None = None
 
     async def _pump_one(self, timeout: float) -> dict[str, Any] | None:
-        message = await self.comm.receive_output(timeout)
+        # Not receive_output(): its timeout cancels the application.
+        if self.comm.future.done() and self.comm.output_queue.empty():
+            self.comm.future.result()  # raise the app's exception, if any
+            self.closed = self.closed or 1006
+            return None
+        message = await asyncio.wait_for(self.comm.output_queue.get(), timeout)
         if message["type"] == "websocket.close":
             self.closed = message.get("code", 1000)
             return None

@@ -1,0 +1,122 @@
+"""Frame parsing and parameter validation (no database)."""
+
+import base64
+
+import pytest
+
+from chat import protocol
+from chat.protocol import ProtocolError
+
+
+@pytest.mark.parametrize(
+    "text, field",
+    [
+        ("not json", None),
+        ("[1,2]", None),
+        ('{"type":"req","id":"1","method":"x","extra":1}', "extra"),
+        ('{"type":"event","id":"1","method":"x"}', "type"),
+        ('{"type":"req","method":"x"}', "id"),
+        ('{"type":"req","id":"","method":"x"}', "id"),
+        ('{"type":"req","id":"1"}', "method"),
+        ('{"type":"req","id":"1","method":"x","params":[]}', "params"),
+    ],
+)
+def test_bad_frames_are_invalid_request(text: str, field: str | None) -> None:
+    with pytest.raises(ProtocolError) as err:
+        protocol.parse_frame(text)
+    assert err.value.code == "INVALID_REQUEST"
+    assert err.value.details.get("field") == field
+
+
+def test_request_id_is_echoed_when_readable() -> None:
+    with pytest.raises(ProtocolError) as err:
+        protocol.parse_frame('{"type":"req","id":"abc","method":""}')
+    assert err.value.request_id == "abc"  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("main", ("agent:main:main", "main")),
+        ("agent:main:a.b-c:d", ("agent:main:a.b-c:d", "main")),
+        ("x:y", ("agent:main:x:y", "main")),
+    ],
+)
+def test_canonical_keys(raw: str, expected: tuple[str, str]) -> None:
+    assert protocol.canonical_key(raw) == expected
+
+
+@pytest.mark.parametrize("raw", ["", "a b", "agent:main:", "agent::x", "é", "x" * 201])
+def test_bad_keys(raw: str) -> None:
+    with pytest.raises(ProtocolError) as err:
+        protocol.canonical_key(raw)
+    assert err.value.code == "INVALID_REQUEST" and err.value.details["field"] == "sessionKey"
+
+
+def test_unknown_agent_is_not_found() -> None:
+    with pytest.raises(ProtocolError) as err:
+        protocol.canonical_key("agent:ghost:main")
+    assert err.value.code == "NOT_FOUND"
+
+
+def _send(**over: object) -> dict:
+    params: dict = {"sessionKey": "main", "message": "hi", "idempotencyKey": "k"}
+    params.update(over)
+    return params
+
+
+@pytest.mark.parametrize(
+    "params, field",
+    [
+        (_send(message=5), "message"),
+        (_send(message="a\x00b"), "message"),
+        (_send(message=""), "message"),
+        (_send(message="x" * 32001), "message"),
+        (_send(sessionKey=None), "sessionKey"),
+        (_send(idempotencyKey=""), "idempotencyKey"),
+        (_send(idempotencyKey="a" * 129), "idempotencyKey"),
+        (_send(idempotencyKey="a b"), "idempotencyKey"),
+        (_send(timeoutMs=999), "timeoutMs"),
+        (_send(timeoutMs="1000"), "timeoutMs"),
+        (_send(waitMs=120001), "waitMs"),
+        (_send(queueMode="later"), "queueMode"),
+        (_send(attachments={}), "attachments"),
+        (_send(attachments=[{"mimeType": "application/pdf", "content": "AAAA"}]), "attachments[0].mimeType"),
+        (_send(attachments=[{"mimeType": "image/png", "content": "!!!"}]), "attachments[0].content"),
+        (_send(attachments=[{"mimeType": "image/png", "content": base64.b64encode(b"hello").decode()}]),
+         "attachments[0].mimeType"),
+        (_send(attachments=[{"mimeType": "text/plain", "content": base64.b64encode(b"\x89PNG\r\n\x1a\n").decode()}]),
+         "attachments[0].mimeType"),
+        (_send(attachments=[{"mimeType": "text/plain", "content": "aGk="}] * 5), "attachments"),
+    ],
+)
+def test_chat_send_validation(params: dict, field: str, settings: object) -> None:
+    with pytest.raises(ProtocolError) as err:
+        protocol.parse_chat_send(params)
+    assert err.value.code == "INVALID_REQUEST"
+    assert err.value.details["field"] == field
+
+
+def test_control_chars_are_stripped_and_attachments_sniffed() -> None:
+    png = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\x00" * 8).decode()
+    parsed = protocol.parse_chat_send(
+        _send(message="a\x07b\tc\n", attachments=[{"mimeType": "image/png", "content": png, "fileName": "x.png"}])
+    )
+    assert parsed.message == "ab\tc\n"
+    assert parsed.attachments[0]["size"] == 16 and parsed.attachments[0]["mimeType"] == "image/png"
+
+
+def test_empty_message_allowed_with_attachment() -> None:
+    parsed = protocol.parse_chat_send(_send(message="", attachments=[{"mimeType": "text/plain", "content": "aGk="}]))
+    assert parsed.message == "" and len(parsed.attachments) == 1
+
+
+def test_body_hash_distinguishes_messages() -> None:
+    a = protocol.parse_chat_send(_send(message="a")).body_hash
+    b = protocol.parse_chat_send(_send(message="b")).body_hash
+    assert a != b and a == protocol.parse_chat_send(_send(message="a")).body_hash
+
+
+@pytest.mark.parametrize("msg, cmd", [("/stop", "/stop"), (" /new ", "/new"), ("/reset", "/reset"), ("/stop now", None)])
+def test_commands(msg: str, cmd: str | None) -> None:
+    assert protocol.parse_chat_send(_send(message=msg)).command == cmd
