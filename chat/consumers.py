@@ -329,8 +329,9 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         since = self.row_watermark - timedelta(seconds=max(5.0, settings.GATEWAY_REPAIR_SECONDS * 2))
         scan_started = timezone.now()
         owner = None if self.subscribed_all else self.user_id
+        known_sessions = list(self.rows) if self.subscribed else []
         runs, rows, existing = await database_sync_to_async(_repair_snapshot)(
-            open_runs, owner, since if self.subscribed else None, list(self.rows) if self.subscribed else []
+            open_runs, owner, since if self.subscribed else None, known_sessions
         )
         for pk in open_runs:
             view = self.runs.get(pk)
@@ -351,7 +352,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
                 if known is None or row["version"] > known["version"]:
                     await self._deliver_row(session_pk, {"sessionKey": row["key"], "reason": "resync",
                                                          "ts": _now_ms(), "session": row})
-            for session_pk, known in list(self.rows.items()):
+            for session_pk in known_sessions:
+                known = self.rows[session_pk]
                 if session_pk not in existing and not known.get("deleted"):
                     gone = {**known, "deleted": True, "version": known["version"] + 1}
                     await self._deliver_row(session_pk, {"sessionKey": known["key"], "reason": "delete",

@@ -1,0 +1,76 @@
+"""§9: delivery survives a lossy channel layer — repair brings every connection up to date."""
+
+import asyncio
+import time
+
+import pytest
+
+from chat import delivery
+from tests.conftest import open_client
+from tests.helpers import rows_from_events, send_params, terminal_events
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+async def test_dropped_terminal_event_is_repaired(client, monkeypatch, settings):
+    real = delivery.send_chat
+
+    def drop_terminals(owner_id, run_pk, payload):
+        if payload["state"] in ("final", "error", "aborted"):
+            return  # the layer "lost" it
+        real(owner_id, run_pk, payload)
+
+    monkeypatch.setattr(delivery, "send_chat", drop_terminals)
+    await client.ok("chat.send", send_params("main", "hello", "k"))
+    started = time.monotonic()
+    ev = await client.wait_terminal("k", settings.GATEWAY_REPAIR_SECONDS + 3)
+    assert time.monotonic() - started <= settings.GATEWAY_REPAIR_SECONDS + 1.5
+    assert ev["state"] == "final" and ev["message"]["content"][0]["text"] == "echo: hello"
+    await client.drain(settings.GATEWAY_REPAIR_SECONDS * 1.5)
+    assert len(terminal_events(client.events, "k")) == 1
+
+
+async def test_dropped_row_changes_are_repaired(client, monkeypatch, settings):
+    await client.ok("sessions.create", {"sessionKey": "s1"})
+    await client.wait_event(lambda e: e["event"] == "sessions.changed")
+    monkeypatch.setattr(delivery, "send_row", lambda *a, **k: None)
+    await client.ok("chat.send", send_params("s1", "hi", "k"))
+    await client.wait_terminal("k")
+    await client.ok("sessions.delete", {"sessionKey": "s1"})
+    await client.drain(settings.GATEWAY_REPAIR_SECONDS * 2 + 0.5)
+    assert rows_from_events(client.events) == {}
+    reasons = [e["payload"]["reason"] for e in client.events if e["event"] == "sessions.changed"]
+    assert "delete" in reasons
+
+
+async def test_flood_with_tiny_layer_capacity(alice, settings):
+    """Many runs streaming at once through a layer that holds 3 messages per channel."""
+    settings.CHANNEL_LAYERS = {
+        "default": {"BACKEND": "channels.layers.InMemoryChannelLayer", "CONFIG": {"capacity": 3}}
+    }
+    settings.GATEWAY_DELTA_INTERVAL_MS = 0  # no coalescing: as many deltas as words
+    clients = [await open_client(alice[1]) for _ in range(3)]
+    sender = clients[0]
+    run_ids = []
+    for s in range(8):
+        for r in range(2):
+            run_id = f"s{s}r{r}"
+            run_ids.append(run_id)
+            await sender.ok("chat.send", send_params(f"sess{s}", "[[words:25]] [[tick:2]]", run_id))
+    deadline = time.monotonic() + 30
+    for c in clients:
+        for run_id in run_ids:
+            await c.wait_terminal(run_id, max(1.0, deadline - time.monotonic()))
+    await asyncio.sleep(settings.GATEWAY_REPAIR_SECONDS * 2)
+    fresh = {r["key"]: r for r in (await sender.ok("sessions.list", {"limit": 500}))["sessions"]}
+    for c in clients:
+        await c.drain(0.2)
+        assert rows_from_events(c.events) == fresh
+        for run_id in run_ids:
+            assert len(terminal_events(c.events, run_id)) == 1
+            seqs = [e["seq"] for e in c.chat_events(run_id)]
+            assert seqs == sorted(set(seqs)), run_id
+        event_seqs = [e["seq"] for e in c.events]
+        assert event_seqs == list(range(1, len(event_seqs) + 1))
+    assert all(r["status"] == "done" for r in fresh.values())
+    await asyncio.gather(*(c.close() for c in clients))
