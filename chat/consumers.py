@@ -389,7 +389,7 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _scope_user(scope: dict[str, Any]) -> Any:
+def _scope_user(scope: Any) -> Any:
     user = scope.get("user")
     if user is None:
         return None

@@ -17,6 +17,7 @@ from channels.layers import get_channel_layer
 from . import groups
 
 log = logging.getLogger(__name__)
+_pending: set[asyncio.Future[None]] = set()  # keep scheduled sends referenced until done
 
 
 def now_ms() -> int:
@@ -55,7 +56,9 @@ def group_send_all(owner_id: int, message: dict[str, Any]) -> None:
         async_to_sync(agroup_send_all)(owner_id, message)
         return
     # Called on an event-loop thread (never from the lifecycle service): schedule it.
-    asyncio.ensure_future(agroup_send_all(owner_id, message))
+    task = asyncio.ensure_future(agroup_send_all(owner_id, message))
+    _pending.add(task)
+    task.add_done_callback(_pending.discard)
 
 
 def send_chat(owner_id: int, run_pk: int, payload: dict[str, Any]) -> None:

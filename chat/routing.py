@@ -5,6 +5,6 @@ from django.urls import path
 from .consumers import GatewayConsumer
 
 websocket_urlpatterns = [
-    path("ws/gateway", GatewayConsumer.as_asgi()),
-    path("", GatewayConsumer.as_asgi()),
+    path("ws/gateway", GatewayConsumer.as_asgi()),  # type: ignore[arg-type]
+    path("", GatewayConsumer.as_asgi()),  # type: ignore[arg-type]
 ]

@@ -11,7 +11,8 @@ from urllib.parse import urlparse
 
 from channels.security.websocket import WebsocketDenier
 from django.conf import settings
-from django.http.request import is_same_domain, split_domain_port
+from django.http.request import split_domain_port
+from django.utils.http import is_same_domain
 
 
 class OriginValidator:
@@ -25,7 +26,7 @@ class OriginValidator:
             origin = next((v for k, v in scope.get("headers", []) if k == b"origin"), None)
             if origin is not None and not origin_allowed(origin.decode("latin1")):
                 denier = WebsocketDenier()
-                return await denier(scope, receive, send)
+                return await denier(scope, receive, send)  # type: ignore[arg-type]
         return await self.application(scope, receive, send)
 
 

@@ -19,6 +19,8 @@ application = ProtocolTypeRouter(
         # Static files are served by the app itself, in DEBUG and non-DEBUG runs alike,
         # so `make run` needs no proxy and the page works offline.
         "http": ASGIStaticFilesHandler(django_asgi_app),
-        "websocket": OriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "websocket": OriginValidator(
+            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))  # type: ignore[arg-type]
+        ),
     }
 )

@@ -49,7 +49,8 @@ class ChatSession(models.Model):
     agent_id = models.CharField(max_length=64, default="main")
     session_id = models.UUIDField(default=uuid.uuid4)
     label = models.CharField(max_length=200, blank=True, default="")
-    status = models.CharField(max_length=16, choices=SessionStatus.choices, null=True, blank=True)
+    # NULL is meaningful: the protocol's `status: null` means "never ran".
+    status = models.CharField(max_length=16, choices=SessionStatus.choices, null=True, blank=True)  # noqa: DJ001
     active_run = models.OneToOneField(
         "Run", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -67,6 +68,8 @@ class ChatSession(models.Model):
         indexes = [
             models.Index(fields=["owner", "-updated_at"], name="session_owner_updated"),
             models.Index(fields=["status", "updated_at"], name="session_status_updated"),
+            # operators' "failed in the last 24 h" filter and count
+            models.Index(fields=["status", "ended_at"], name="session_status_ended"),
         ]
 
     def __str__(self) -> str:
@@ -108,6 +111,8 @@ class Run(models.Model):
         indexes = [
             models.Index(fields=["session", "state", "queue_seq"], name="run_session_state_q"),
             models.Index(fields=["state", "owner_process"], name="run_state_owner"),
+            # operators search by runId across sessions (the unique key starts with session)
+            models.Index(fields=["run_id"], name="run_run_id"),
         ]
 
     def __str__(self) -> str:
@@ -132,6 +137,9 @@ class Message(models.Model):
     class Meta:
         indexes = [models.Index(fields=["session", "session_generation", "id"], name="msg_session_gen")]
 
+    def __str__(self) -> str:
+        return f"{self.role}: {self.text[:40]}"
+
 
 class LifecycleEvent(models.Model):
     """Audit row: one per run transition (and per session-level change)."""
@@ -147,6 +155,9 @@ class LifecycleEvent(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["session", "id"], name="audit_session")]
+
+    def __str__(self) -> str:
+        return f"{self.from_state or '-'} -> {self.to_state or '-'} ({self.reason})"
 
 
 class ApiToken(models.Model):

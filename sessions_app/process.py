@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.utils import timezone
@@ -41,7 +41,7 @@ def mark_stopped(server_id: str) -> None:
     GatewayProcess.objects.filter(server_id=server_id).update(stopping=True, stopped_at=now)
 
 
-def stale_before() -> timezone.datetime:
+def stale_before() -> datetime:
     """Processes whose last heartbeat is older than this are dead."""
     window = max(settings.GATEWAY_RECOVERY_SECONDS / 2, settings.GATEWAY_HEARTBEAT_SECONDS * 3)
     return timezone.now() - timedelta(seconds=window)

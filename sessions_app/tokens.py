@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
@@ -18,7 +19,7 @@ def hash_token(raw: str) -> str:
     return hashlib.sha256(raw.encode("utf-8")).hexdigest()
 
 
-def issue_token(user: AbstractBaseUser, *, name: str = "") -> tuple[ApiToken, str]:
+def issue_token(user: Any, *, name: str = "") -> tuple[ApiToken, str]:
     """Create a token for `user`; return the row and the raw token (never stored)."""
     raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
     token = ApiToken.objects.create(user=user, name=name, prefix=raw[:12], token_hash=hash_token(raw))

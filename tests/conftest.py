@@ -100,7 +100,7 @@ class Client:
                 raise AssertionError(f"event not seen; closed={self.closed}; events={self.events[-5:]}")
             try:
                 await self._pump_one(remaining)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 continue
 
     async def wait_terminal(self, run_id: str, timeout: float = 5.0) -> dict[str, Any]:
@@ -120,7 +120,7 @@ class Client:
                 return
             try:
                 await self._pump_one(remaining)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return
 
     def chat_events(self, run_id: str) -> list[dict[str, Any]]:

@@ -4,7 +4,9 @@ and a request that fails stores nothing."""
 import json
 
 import pytest
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from tests.conftest import open_client
 from tests.helpers import counts

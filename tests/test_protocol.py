@@ -117,6 +117,8 @@ def test_body_hash_distinguishes_messages() -> None:
     assert a != b and a == protocol.parse_chat_send(_send(message="a")).body_hash
 
 
-@pytest.mark.parametrize("msg, cmd", [("/stop", "/stop"), (" /new ", "/new"), ("/reset", "/reset"), ("/stop now", None)])
+@pytest.mark.parametrize(
+    "msg, cmd", [("/stop", "/stop"), (" /new ", "/new"), ("/reset", "/reset"), ("/stop now", None)]
+)
 def test_commands(msg: str, cmd: str | None) -> None:
     assert protocol.parse_chat_send(_send(message=msg)).command == cmd

@@ -1,7 +1,5 @@
 import pytest
 
-from tests.conftest import open_client
-
 pytestmark = pytest.mark.django_db(transaction=True)
 
 

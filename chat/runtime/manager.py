@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import logging
 import os
 import socket
@@ -44,6 +45,7 @@ class RunManager:
         self.waiters: dict[int, set[asyncio.Event]] = {}
         self.consumers: set[Any] = set()
         self.background: list[asyncio.Task[None]] = []
+        self.bookkeeping: set[asyncio.Future[None]] = set()
         self.accepting = True
         self.channel_name: str | None = None
 
@@ -119,7 +121,7 @@ class RunManager:
             return
         task = self.loop.create_task(self._execute(run_pk), context=contextvars.Context())
         self.tasks[run_pk] = task
-        task.add_done_callback(lambda _t, pk=run_pk: self._task_done(pk))
+        task.add_done_callback(functools.partial(self._task_done_cb, run_pk))
 
     def cancel(self, run_pk: int) -> None:
         """The run ended elsewhere (abort, reset, timeout sweep): stop its work now."""
@@ -132,12 +134,17 @@ class RunManager:
         for event in self.waiters.get(run_pk, ()):
             event.set()
 
+    def _task_done_cb(self, run_pk: int, _task: asyncio.Task[None]) -> None:
+        self._task_done(run_pk)
+
     def _task_done(self, run_pk: int) -> None:
         self.tasks.pop(run_pk, None)
         started = self.cancel_started.pop(run_pk, None)
         if started is not None and self.loop is not None:
             elapsed = int((time.monotonic() - started) * 1000)
-            asyncio.ensure_future(database_sync_to_async(lifecycle.record_cancel_ms)(run_pk, elapsed))
+            task = asyncio.ensure_future(database_sync_to_async(lifecycle.record_cancel_ms)(run_pk, elapsed))
+            self.bookkeeping.add(task)
+            task.add_done_callback(self.bookkeeping.discard)
 
     # --- waiting (chat.send waitMs) ------------------------------------------------------------
 
@@ -301,6 +308,9 @@ class RunManager:
     async def drain_and_stop(self, drain_seconds: float) -> None:
         """SIGTERM: stop taking runs, tell clients, let runs finish briefly, interrupt the rest."""
         self.accepting = False
+        # Runs started from now on (the queued successors of runs that end during the
+        # drain) are left unowned, so a live process claims them instead of this one.
+        process.set_current("")
         for consumer in list(self.consumers):
             with contextlib.suppress(Exception):
                 await consumer.send_shutdown("server shutting down")
