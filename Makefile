@@ -34,4 +34,4 @@ typecheck: .setup-stamp
 	$(BIN)/mypy gatewayproject chat sessions_app
 
 clean:
-	rm -rf $(VENV) .setup-stamp test_db.sqlite3*
+	rm -rf $(VENV) .setup-stamp test_db_*.sqlite3*

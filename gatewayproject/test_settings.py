@@ -1,11 +1,14 @@
 """Test settings: the production settings with fast hashing and a file-backed test DB."""
 
+import os
+
 from .settings import *  # noqa: F403
 from .settings import DATABASES
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Consumers run ORM work on executor threads: an in-memory DB would not be shared.
-    DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / "test_db.sqlite3")}  # noqa: F405
+    # One file per test process, so concurrent runs never share (and break) a database.
+    DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / f"test_db_{os.getpid()}.sqlite3")}  # noqa: F405
 GATEWAY_REPAIR_SECONDS = 1.0
 GATEWAY_HEARTBEAT_SECONDS = 1.0
