@@ -270,18 +270,20 @@ class GatewayConsumer(AsyncWebsocketConsumer):
 
     # --- outbound: layer events -----------------------------------------------------------------------
 
-    def _entitled(self, owner_id: int, group_origin_all: bool) -> bool:
-        return owner_id == self.user_id or (self.subscribed_all and self.is_admin)
+    def _entitled(self, message: dict[str, Any]) -> bool:
+        """Own sessions come through the user group; others' only to admins subscribed to all."""
+        own = int(message["owner"]) == self.user_id
+        if message.get("via") == "operators":
+            return not own and self.subscribed_all and self.is_admin
+        return own
 
     async def gateway_chat(self, message: dict[str, Any]) -> None:
         """A run event from the layer: deliver in seq order, one terminal, nothing after it."""
-        if not self.authed or not self._entitled(int(message["owner"]), False):
+        if not self.authed or not self._entitled(message):
             return
         await self._deliver_chat(int(message["run"]), message["payload"])
 
     async def _deliver_chat(self, run_pk: int, payload: dict[str, Any]) -> None:
-        if int(payload.get("owner", self.user_id)) != self.user_id and not self.subscribed_all:
-            return
         view = self.runs.get(run_pk)
         seq = int(payload.get("seq", 0))
         if view is None:
@@ -295,10 +297,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
 
     async def gateway_session(self, message: dict[str, Any]) -> None:
         """A sessions.changed from the layer: subscribed connections only, never an older row."""
-        owner = int(message["owner"])
-        if not self.authed or not self.subscribed:
-            return
-        if owner != self.user_id and not self.subscribed_all:
+        if not self.authed or not self.subscribed or not self._entitled(message):
             return
         await self._deliver_row(int(message["session"]), message["payload"])
 

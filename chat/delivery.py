@@ -41,9 +41,9 @@ async def agroup_send_all(owner_id: int, message: dict[str, Any]) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
-    for group in (groups.user_group(owner_id), groups.OPERATORS):
+    for group, msg in ((groups.user_group(owner_id), message), (groups.OPERATORS, {**message, "via": "operators"})):
         try:
-            await layer.group_send(group, message)
+            await layer.group_send(group, msg)
         except Exception:  # a broadcast never undoes a committed change
             log.exception("group_send to %s failed", group)
 

@@ -144,3 +144,28 @@ async def test_tick_events(settings, alice):
     seqs = [e["seq"] for e in c.events]
     assert seqs == list(range(1, len(seqs) + 1))
     await c.close()
+
+
+async def test_admin_scope_all_sees_other_users(make_user):
+    _alice, alice_token = await database_sync_to_async(make_user)("alice")
+    _root, root_token = await database_sync_to_async(make_user)("root", staff=True)
+    root = await open_client(root_token, subscribe=False)
+    assert "operator.admin" in root.hello["auth"]["scopes"]
+    await root.ok("sessions.subscribe", {"scope": "all"})
+    alice = await open_client(alice_token)
+    denied = await alice.call("sessions.subscribe", {"scope": "all"})
+    assert denied["error"]["code"] == "FORBIDDEN"
+    await alice.ok("chat.send", {"sessionKey": "main", "message": "hi", "idempotencyKey": "k"})
+    assert (await root.wait_terminal("k"))["state"] == "final"
+    await root.wait_event(lambda e: e["event"] == "sessions.changed" and e["payload"]["reason"] == "run.completed")
+    # the admin's own session events arrive once, not once per group
+    await root.ok("chat.send", {"sessionKey": "mine", "message": "hi", "idempotencyKey": "m"})
+    await root.wait_terminal("m")
+    await root.drain(0.3)
+    own_rows = [e for e in root.events if e["event"] == "sessions.changed"
+                and e["payload"]["sessionKey"] == "agent:main:mine"]
+    versions = [e["payload"]["session"]["version"] for e in own_rows]
+    reasons = [e["payload"]["reason"] for e in own_rows]
+    assert len(set(zip(versions, reasons, strict=True))) == len(own_rows)
+    await alice.close()
+    await root.close()

@@ -1,0 +1,283 @@
+"""A fake OpenAI-compatible chat-completions server for tests.
+
+Real sockets, real HTTP/1.1 and real server-sent events (chunked encoding), on
+127.0.0.1 with an ephemeral port. Each request takes the next `Reply` from a
+queue the test fills (or `default` when the queue is empty) and is recorded with
+its JSON body and the moment the client disconnected, so tests can check what
+the gateway sent and that cancelling a run really closed the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Reply:
+    """How the fake answers one request."""
+
+    chunks: list[str] = field(default_factory=lambda: ["Hello", " there", "!"])
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    error: dict[str, Any] | None = None  # JSON error body for a non-200 status
+    headers_delay: float = 0.0  # before the status line (the client waits for headers)
+    first_delay: float = 0.0  # after the headers, before the first content chunk
+    tick: float = 0.0  # between content chunks
+    reasoning: list[str] = field(default_factory=list)  # `reasoning_content` chunks before the answer
+    role_chunk: bool = True  # send a role-only chunk right after the headers, as servers do
+    stall_after: int | None = None  # after N content chunks, send nothing ever again
+    drop_after: int | None = None  # after N content chunks, close the socket mid-body
+    stream_error: dict[str, Any] | None = None  # an in-stream `{"error": ...}` event after the chunks
+    finish_reason: str | None = "stop"
+    refusal: str | None = None
+    usage: dict[str, int] | None = None  # sent in a final choice-less chunk, like include_usage
+    done: bool = True  # send `data: [DONE]`
+    hang_after_done: bool = False  # keep the connection open after [DONE] (a sloppy server)
+    keep_alive: bool = True  # else `connection: close` and close after the response
+
+
+@dataclass
+class Request:
+    """One request as the fake saw it."""
+
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+    received_at: float
+    disconnected_at: float | None = None
+    completed: bool = False  # the whole response was written
+    disconnected: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return list(self.body.get("messages", []))
+
+
+class FakeOpenAI:
+    """The server; `await start()`, point a client at `base_url`, `await stop()`."""
+
+    def __init__(self) -> None:
+        self.replies: deque[Reply] = deque()
+        self.default = Reply()
+        self.requests: list[Request] = []
+        self.request_seen = asyncio.Event()
+        self._server: asyncio.Server | None = None
+        self._handlers: set[asyncio.Task[None]] = set()
+        self.port = 0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def push(self, *replies: Reply) -> None:
+        self.replies.extend(replies)
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._handlers):
+            task.cancel()
+        for task in list(self._handlers):
+            with contextlib.suppress(BaseException):
+                await task
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2)
+
+    async def wait_request(self, count: int = 1, timeout: float = 5.0) -> Request:
+        """Wait until `count` requests arrived; return the last of them."""
+        deadline = time.monotonic() + timeout
+        while len(self.requests) < count:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"expected {count} requests, saw {len(self.requests)}")
+            self.request_seen.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.request_seen.wait(), remaining)
+        return self.requests[count - 1]
+
+    # --- connection handling ------------------------------------------------------------
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        try:
+            # Keep-alive, like the real servers: a connection may carry several requests,
+            # so a client that stops early must close it, not just stop reading.
+            while True:
+                request = await self._read_request(reader)
+                if request is None:
+                    return
+                self.requests.append(request)
+                self.request_seen.set()
+                reply = self.replies.popleft() if self.replies else self.default
+                respond = asyncio.ensure_future(self._respond(writer, request, reply))
+                watcher = asyncio.ensure_future(self._watch(reader, writer, request))
+                try:
+                    await asyncio.wait({respond, watcher}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for t in (respond, watcher):
+                        t.cancel()
+                    for t in (respond, watcher):
+                        with contextlib.suppress(BaseException):
+                            await t
+                if respond.done() and not respond.cancelled() and isinstance(respond.exception(), OSError):
+                    self._mark_disconnected(request)
+                if not request.completed or not reply.keep_alive:
+                    return
+        except asyncio.CancelledError:
+            pass
+        finally:
+            with contextlib.suppress(Exception):
+                writer.close()
+            self._handlers.discard(task)
+
+    async def _read_request(self, reader: asyncio.StreamReader) -> Request | None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return None
+        lines = head.decode("latin-1").split("\r\n")
+        _method, path, _version = lines[0].split(" ", 2)
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            if ":" in line:
+                name, value = line.split(":", 1)
+                headers[name.strip().lower()] = value.strip()
+        length = int(headers.get("content-length", "0"))
+        raw = await reader.readexactly(length) if length else b""
+        body = json.loads(raw) if raw else {}
+        return Request(path=path, headers=headers, body=body, received_at=time.monotonic())
+
+    async def _watch(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: Request) -> None:
+        """Notice the client hanging up, without consuming what it may send next."""
+        while not reader.at_eof() and not writer.transport.is_closing():
+            await asyncio.sleep(0.01)
+        self._mark_disconnected(request)
+
+    @staticmethod
+    def _mark_disconnected(request: Request) -> None:
+        if request.disconnected_at is None:
+            request.disconnected_at = time.monotonic()
+            request.disconnected.set()
+
+    # --- responses ---------------------------------------------------------------------------
+
+    async def _respond(self, writer: asyncio.StreamWriter, request: Request, reply: Reply) -> None:
+        if reply.headers_delay:
+            await asyncio.sleep(reply.headers_delay)
+        connection = "" if reply.keep_alive else "connection: close\r\n"
+        if reply.status != 200:
+            body = json.dumps({"error": reply.error or {"message": f"fake error {reply.status}"}}).encode()
+            extra = "".join(f"{k}: {v}\r\n" for k, v in reply.headers.items())
+            writer.write(
+                f"HTTP/1.1 {reply.status} Fake\r\ncontent-type: application/json\r\n"
+                f"content-length: {len(body)}\r\n{connection}{extra}\r\n".encode() + body
+            )
+            await writer.drain()
+            request.completed = True
+            return
+        extra = "".join(f"{k}: {v}\r\n" for k, v in reply.headers.items())
+        writer.write(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
+            f"transfer-encoding: chunked\r\n{connection}{extra}\r\n".encode()
+        )
+        await writer.drain()
+        model = str(request.body.get("model", "fake"))
+
+        async def event(data: dict[str, Any] | str) -> None:
+            text = data if isinstance(data, str) else json.dumps(data)
+            payload = f"data: {text}\n\n".encode()
+            writer.write(f"{len(payload):x}\r\n".encode() + payload + b"\r\n")
+            await writer.drain()
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+            return {
+                "id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            }
+
+        if reply.role_chunk:
+            await event(chunk({"role": "assistant", "content": ""}))
+        if reply.first_delay:
+            await asyncio.sleep(reply.first_delay)
+        for thought in reply.reasoning:
+            await event(chunk({"reasoning_content": thought}))
+            await asyncio.sleep(reply.tick)
+        for i, piece in enumerate(reply.chunks):
+            if i and reply.tick:
+                await asyncio.sleep(reply.tick)
+            if reply.stall_after is not None and i >= reply.stall_after:
+                await asyncio.Event().wait()
+            if reply.drop_after is not None and i >= reply.drop_after:
+                writer.transport.abort()  # mid-body: no terminating chunk
+                return
+            await event(chunk({"content": piece}))
+        if reply.stall_after is not None and reply.stall_after >= len(reply.chunks):
+            await asyncio.Event().wait()
+        if reply.drop_after is not None and reply.drop_after >= len(reply.chunks):
+            writer.transport.abort()
+            return
+        if reply.stream_error is not None:
+            await event({"error": reply.stream_error})
+        else:
+            if reply.refusal is not None:
+                await event(chunk({"refusal": reply.refusal}))
+            if reply.finish_reason is not None:
+                await event(chunk({}, reply.finish_reason))
+            if reply.usage is not None:
+                await event({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0,
+                             "model": model, "choices": [], "usage": {**reply.usage,
+                             "total_tokens": sum(reply.usage.values())}})
+            if reply.done:
+                await event("[DONE]")
+        if reply.hang_after_done:
+            await asyncio.Event().wait()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        request.completed = True
+
+
+@contextlib.asynccontextmanager
+async def running_fake() -> AsyncIterator[FakeOpenAI]:
+    """A started fake server, stopped on exit."""
+    from chat.runtime.backends.openai_backend import close_clients
+
+    server = FakeOpenAI()
+    await server.start()
+    try:
+        yield server
+    finally:
+        await close_clients()  # pooled keep-alive connections belong to this test's loop
+        await server.stop()
+
+
+def agent_config(fake: FakeOpenAI, **overrides: Any) -> dict[str, Any]:
+    """An `openai` agent pointed at the fake, with test-sized timeouts and backoff."""
+    config: dict[str, Any] = {
+        "backend": "openai", "model": "fake-model", "base_url": fake.base_url,
+        "first_token_timeout_ms": 2000, "idle_timeout_ms": 2000, "retry_backoff_ms": 20,
+    }
+    config.update(overrides)
+    return config
+
+
+def closed_port_url() -> str:
+    """A loopback URL nothing listens on (connection refused)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"
