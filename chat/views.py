@@ -1,8 +1,1 @@
-"""HTTP views."""
-
-from django.http import HttpRequest, JsonResponse
-
-
-def healthz(request: HttpRequest) -> JsonResponse:
-    """Process alive."""
-    return JsonResponse({"ok": True})
+"""HTTP views: the chat page is in `page_views`, /healthz /readyz /metrics in `ops_views`."""

@@ -626,3 +626,138 @@ def claim_run(run_pk: int, server_id: str) -> bool:
 def record_cancel_ms(run_pk: int, elapsed_ms: int) -> None:
     """Record how long stopping the run's backend work took (not a state change)."""
     Run.objects.filter(pk=run_pk).update(cancel_ms=elapsed_ms)
+
+
+# --- operator repairs and retention (gateway_doctor --fix, prune_sessions) ------------------------
+
+
+def start_next_queued_by_pk(session_pk: int, *, actor: str = Actor.OPERATOR) -> str | None:
+    """Start the session's oldest queued run when nothing is active; return its runId.
+
+    From a process without a run manager (a command) the run is left unowned and a
+    live server claims it.
+    """
+    with transaction.atomic():
+        session = _lock_session(session_pk)
+        if session.active_run_id is not None:
+            return None
+        for run in _queued_runs(session):
+            if _transition(run, RunState.DISPATCHING, reason="run.started", actor=actor, session=session):
+                return run.run_id
+        return None
+
+
+def repair_session_row(session_pk: int, *, actor: str = Actor.OPERATOR) -> list[str]:
+    """Make the row agree with its runs (§7, §8); return the names of what was repaired.
+
+    - `active_run` pointing at a run that is not active releases the slot, and the row
+      takes that run's outcome when it ended in the current generation;
+    - `status == "running"` without an active run takes the last run's outcome (or null);
+    - an active run with a row that does not say `running` gets `running`;
+    - then, with the slot free, the oldest queued run starts.
+    """
+    with transaction.atomic():
+        session = _lock_session(session_pk)
+        repaired: list[str] = []
+        if session.active_run_id is not None:
+            active = Run.objects.filter(pk=session.active_run_id).first()
+            if active is None or active.state not in ACTIVE_STATES:
+                session.active_run = None
+                repaired.append("active_run")
+                if active is not None and active.is_terminal and active.session_generation == session.session_id:
+                    _take_outcome(session, active)
+                    repaired.append("status")
+        if session.active_run_id is None and session.status == SessionStatus.RUNNING:
+            last = Run.objects.filter(pk=session.last_run_id).first() if session.last_run_id else None
+            if last is not None and last.is_terminal and last.session_generation == session.session_id:
+                _take_outcome(session, last)
+            else:
+                session.status = None
+                session.ended_at = session.ended_at or _now()
+            repaired.append("status")
+        elif session.active_run_id is not None and session.status != SessionStatus.RUNNING:
+            session.status = SessionStatus.RUNNING
+            session.ended_at = None
+            repaired.append("status")
+        if repaired:
+            _save_row(
+                session, "active_run", "status", "last_run", "ended_at", "aborted_last_run", "last_run_error"
+            )
+            signals.session_changed.send(
+                sender=ChatSession, session=session, reason="operator", actor=actor, deleted_row=None,
+                owner_id=session.owner_id, emit=True,
+            )
+        if session.active_run_id is None:
+            started = _start_next_queued(session)
+            if started is not None:
+                repaired.append(f"started:{started.run_id}")
+        return repaired
+
+
+def _take_outcome(session: ChatSession, run: Run) -> None:
+    """Copy a terminal run's outcome onto the row, as its terminal transition would have."""
+    session.status = run.state
+    session.last_run = run
+    session.ended_at = run.ended_at or _now()
+    session.aborted_last_run = run.state == RunState.KILLED
+    session.last_run_error = run.error_message if run.state in (RunState.FAILED, RunState.TIMEOUT) else ""
+
+
+@dataclass
+class PruneBatch:
+    """What one retention batch deleted; `skipped` sessions had become busy or fresh again."""
+
+    sessions: int = 0
+    runs: int = 0
+    messages: int = 0
+    audit: int = 0
+    skipped: int = 0
+    keys: list[str] = field(default_factory=list)
+
+
+def prune_idle_sessions(
+    session_pks: list[int], *, idle_before: Any, actor: str = Actor.SYSTEM, broadcast: bool = True
+) -> PruneBatch:
+    """Retention: delete idle sessions with their runs, messages and audit rows.
+
+    The idle test is repeated here under the row locks, so a session that got a run
+    (active or queued) or any change since it was selected is skipped, never deleted.
+    Each deleted session is announced like `sessions.delete` (reason `delete`).
+    """
+    from .models import LifecycleEvent
+    from .selectors import session_rows
+
+    with transaction.atomic():
+        locked = list(
+            ChatSession.objects.select_for_update()
+            .filter(pk__in=session_pks, updated_at__lt=idle_before, active_run__isnull=True)
+            .exclude(status=SessionStatus.RUNNING)
+            .order_by("pk")
+        )
+        busy = set(
+            Run.objects.filter(session_id__in=[s.pk for s in locked], state__in=OPEN_STATES).values_list(
+                "session_id", flat=True
+            )
+        )
+        victims = [s for s in locked if s.pk not in busy]
+        batch = PruneBatch(skipped=len(session_pks) - len(victims))
+        if not victims:
+            return batch
+        ids = [s.pk for s in victims]
+        if broadcast:
+            for session, row in zip(victims, session_rows(victims), strict=True):
+                session.version += 1
+                row.update(version=session.version, deleted=True)
+                signals.session_changed.send(
+                    sender=ChatSession, session=session, reason="delete", actor=actor, deleted_row=row,
+                    owner_id=session.owner_id, emit=True,
+                )
+        # Children first, in bulk: the cascade would otherwise load every row it deletes.
+        batch.audit = LifecycleEvent.objects.filter(session_id__in=ids).delete()[0]
+        batch.messages = Message.objects.filter(session_id__in=ids).delete()[0]
+        _total, per_model = ChatSession.objects.filter(pk__in=ids).delete()
+        batch.runs = per_model.get(Run._meta.label, 0)
+        batch.audit += per_model.get("sessions_app.LifecycleEvent", 0)
+        batch.sessions = per_model.get(ChatSession._meta.label, 0)
+        batch.keys = [s.key for s in victims]
+        return batch

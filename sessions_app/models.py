@@ -171,6 +171,9 @@ class ApiToken(models.Model):
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
 
+    class Meta:
+        verbose_name = "API token"
+
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.user})"
 
@@ -185,6 +188,9 @@ class GatewayProcess(models.Model):
     heartbeat_at = models.DateTimeField(db_index=True)
     stopping = models.BooleanField(default=False)
     stopped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name_plural = "gateway processes"
 
     def __str__(self) -> str:
         return self.server_id

@@ -47,6 +47,7 @@ class RunManager:
         self.background: list[asyncio.Task[None]] = []
         self.bookkeeping: set[asyncio.Future[None]] = set()
         self.accepting = True
+        self.stopping = False
         self.channel_name: str | None = None
 
     # --- lifecycle of the manager ----------------------------------------------------------
@@ -65,6 +66,7 @@ class RunManager:
         self.loop = loop
         self.server_id = f"{socket.gethostname()[:30]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.accepting = True
+        self.stopping = False
         process.set_current(self.server_id)
         await database_sync_to_async(process.register)(self.server_id)
         self.background = [
@@ -89,12 +91,14 @@ class RunManager:
 
     async def stop(self) -> None:
         """Stop background loops and local runs (tests); runs are not ended in the DB."""
+        self.stopping = True
         tasks = [*self.background, *self.tasks.values()]
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(BaseException):
-                await task
+        if tasks:
+            # A client library may swallow a cancellation (redis-py turns it into its own
+            # TimeoutError); the `stopping` flag ends those loops, and we never wait forever.
+            await asyncio.wait(tasks, timeout=5)
         self._forget()
 
     # --- thread-safe entry points (from on-commit callbacks) ----------------------------------
@@ -259,7 +263,7 @@ class RunManager:
     async def _heartbeat_loop(self) -> None:
         from sessions_app import recovery
 
-        while True:
+        while not self.stopping:
             await asyncio.sleep(settings.GATEWAY_HEARTBEAT_SECONDS)
             try:
                 await database_sync_to_async(process.heartbeat)(self.server_id)
@@ -272,7 +276,7 @@ class RunManager:
 
     async def _reconcile_loop(self) -> None:
         """Cancel local tasks whose run ended elsewhere (a dropped abort message)."""
-        while True:
+        while not self.stopping:
             await asyncio.sleep(settings.GATEWAY_REPAIR_SECONDS)
             if not self.tasks:
                 continue
@@ -289,12 +293,14 @@ class RunManager:
             return
         self.channel_name = await layer.new_channel()
         await layer.group_add(groups.process_group(self.server_id), self.channel_name)
-        while True:
+        while not self.stopping:
             try:
                 message = await layer.receive(self.channel_name)
             except asyncio.CancelledError:
                 raise
             except Exception:
+                if self.stopping:
+                    return
                 log.exception("process channel receive failed")
                 await asyncio.sleep(1)
                 continue
@@ -323,6 +329,9 @@ class RunManager:
         await database_sync_to_async(process.mark_stopped)(self.server_id)
         for consumer in list(self.consumers):
             with contextlib.suppress(Exception):
+                # Deliver the interruptions from the database before closing: the layer
+                # messages carrying them may still be queued behind this drain.
+                await consumer.repair()
                 await consumer.close(code=4001)
         await self.stop()
 

@@ -27,6 +27,9 @@ class Command(BaseCommand):
 
         from chat.runtime.manager import run_manager
         from gatewayproject.asgi import application
+        from sessions_app import metrics
+
+        metrics.install()  # this process's ack, latency and run-duration metrics (/metrics)
 
         host, port = options["host"], options["port"]
         server = Server(
@@ -35,13 +38,18 @@ class Command(BaseCommand):
             websocket_max_message_size=settings.GATEWAY_MAX_PAYLOAD,
             signal_handlers=False,
             action_logger=None,
-            ws_protocols=None,
             root_path="",
             verbosity=1,
         )
 
+        pending: set[asyncio.Future[None]] = set()  # keep start-up and drain tasks referenced
+
+        def keep(future: asyncio.Future[None]) -> None:
+            pending.add(future)
+            future.add_done_callback(pending.discard)
+
         def start_runtime() -> None:
-            asyncio.ensure_future(run_manager.ensure_started())
+            keep(asyncio.ensure_future(run_manager.ensure_started()))
 
         stopping = {"done": False}
 
@@ -60,7 +68,7 @@ class Command(BaseCommand):
                 finally:
                     reactor.stop()
 
-            asyncio.ensure_future(drain())
+            keep(asyncio.ensure_future(drain()))
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)

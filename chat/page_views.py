@@ -1,0 +1,29 @@
+"""Browser pages: sign-in and sign-out (Django's auth views, styled) and the chat page."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.views.decorators.cache import never_cache
+
+
+class LoginView(auth_views.LoginView):
+    """The styled sign-in form; a signed-in user goes straight to the chat page."""
+
+    template_name = "registration/login.html"
+    redirect_authenticated_user = True
+
+
+class LogoutView(auth_views.LogoutView):
+    """Sign out (POST only, as Django requires); then back to the sign-in form."""
+
+
+@never_cache
+@login_required
+def index(request: HttpRequest) -> HttpResponse:
+    """The chat page: a static shell; everything else speaks the gateway protocol over one WebSocket."""
+    context = {"ws_path": "/ws/gateway", "version": settings.GATEWAY_VERSION}
+    return render(request, "chat/index.html", context)

@@ -1,0 +1,717 @@
+"""Operator admin: sessions (stuck / failed filters, timeline, actions), runs, API tokens, processes.
+
+Nothing here writes run or session state itself. Every action calls the lifecycle
+service once per row (never `QuerySet.update()` or a bulk delete), so each change
+writes its audit row and reaches connected clients like a change made over the
+WebSocket. Querysets annotate the few related values a page shows instead of
+joining whole rows, so list and detail pages run a fixed number of queries
+whatever the size of the tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from django import forms
+from django.conf import settings
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import ValidationError
+from django.core.paginator import Paginator
+from django.db.models import BooleanField, Exists, ExpressionWrapper, F, OuterRef, Q, QuerySet
+from django.forms.models import BaseInlineFormSet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.text import Truncator
+
+from . import lifecycle, ops_selectors
+from .models import (
+    ACTIVE_STATES,
+    Actor,
+    ApiToken,
+    ChatSession,
+    GatewayProcess,
+    LifecycleEvent,
+    Message,
+    Run,
+    RunState,
+    SessionStatus,
+)
+from .process import live_process_ids
+from .tokens import issue_token, revoke_token
+
+RUNS_SHOWN = 50  # runs inline on the session page; the rest are one click away
+TIMELINE_SHOWN = 200  # audit rows on the session page
+# Columns never needed by a list or an inline: keep them out of the SELECT.
+RUN_HEAVY_FIELDS = ("message", "reply", "attachments", "body_hash")
+
+
+def _duration(start: datetime | None, end: datetime | None) -> str:
+    if start is None:
+        return "-"
+    running = end is None
+    seconds = max(0.0, ((end or timezone.now()) - start).total_seconds())
+    if seconds < 1:
+        text = f"{int(seconds * 1000)} ms"
+    elif seconds < 120:
+        text = f"{seconds:.1f} s"
+    elif seconds < 7200:
+        text = f"{seconds / 60:.1f} min"
+    else:
+        text = f"{seconds / 3600:.1f} h"
+    return f"{text} (running)" if running else text
+
+
+class PageAnnotatedPaginator(Paginator):
+    """Counts on the plain queryset, annotates only the rows of the page it returns.
+
+    Annotations that reach into related tables add joins, and a COUNT over 100 000
+    rows with those joins takes seconds; the page itself is a few dozen rows.
+    """
+
+    def __init__(self, object_list: Any, per_page: int, annotate: Callable[[Any], Any], **kwargs: Any) -> None:
+        super().__init__(object_list, per_page, **kwargs)
+        self.annotate = annotate
+
+    def page(self, number: Any) -> Any:
+        number = self.validate_number(number)
+        bottom = (number - 1) * self.per_page
+        top = bottom + self.per_page
+        if top + self.orphans >= self.count:
+            top = self.count
+        return self._get_page(self.annotate(self.object_list)[bottom:top], number, self)  # type: ignore[attr-defined]
+
+
+class RowAnnotatedChangeList(ChangeList):
+    """A result list that fits on one page skips the paginator: annotate it here."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        if isinstance(self.result_list, QuerySet) and not self.result_list.query.is_sliced:
+            self.result_list = self.model_admin.annotate_rows(self.result_list, request)  # type: ignore[attr-defined]
+
+
+class RowAnnotationsMixin:
+    """ModelAdmin helper: `annotate_rows(qs, request)` applies to listed rows and the object page only."""
+
+    def annotate_rows(self, queryset: QuerySet[Any], request: HttpRequest) -> QuerySet[Any]:
+        return queryset
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return RowAnnotatedChangeList
+
+    def get_paginator(self, request: HttpRequest, queryset: Any, per_page: int, orphans: int = 0,
+                      allow_empty_first_page: bool = True) -> Paginator:
+        return PageAnnotatedPaginator(
+            queryset, per_page, lambda qs: self.annotate_rows(qs, request), orphans=orphans,
+            allow_empty_first_page=allow_empty_first_page,
+        )
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Any:
+        queryset = self.annotate_rows(self.get_queryset(request), request)  # type: ignore[attr-defined]
+        model = queryset.model
+        field = model._meta.pk if from_field is None else model._meta.get_field(from_field)
+        try:
+            return queryset.get(**{field.name: field.to_python(object_id)})
+        except (model.DoesNotExist, ValidationError, ValueError):
+            return None
+
+
+def _live_ids(request: HttpRequest) -> set[str]:
+    """Live process ids, read once per request."""
+    cached: set[str] | None = getattr(request, "_agentgate_live", None)
+    if cached is None:
+        cached = live_process_ids()
+        request._agentgate_live = cached  # type: ignore[attr-defined]
+    return cached
+
+
+# --- sessions: filters --------------------------------------------------------------------------
+
+
+class StuckFilter(admin.SimpleListFilter):
+    """Running or queued with nothing behind it, or running longer than the threshold."""
+
+    title = "stuck"
+    parameter_name = "stuck"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        minutes = settings.GATEWAY_STUCK_RUN_SECONDS // 60
+        return [("yes", f"Stuck (no live process, or running > {minutes} min)")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == "yes":
+            return queryset.filter(pk__in=ops_selectors.stuck_sessions(_live_ids(request)).values("pk"))
+        return queryset
+
+
+class FailedRecentlyFilter(admin.SimpleListFilter):
+    title = "failed recently"
+    parameter_name = "failed"
+    WINDOWS = {"24h": timedelta(hours=24), "7d": timedelta(days=7)}
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("24h", "Failed in the last 24 h"), ("7d", "Failed in the last 7 days")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        window = self.WINDOWS.get(self.value() or "")
+        if window is None:
+            return queryset
+        return queryset.filter(status=SessionStatus.FAILED, ended_at__gte=timezone.now() - window)
+
+
+class StatusFilter(admin.SimpleListFilter):
+    """Status with 'never ran' (no query for the choices, unlike a field filter)."""
+
+    title = "status"
+    parameter_name = "status"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [*SessionStatus.choices, ("none", "Never ran")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if value == "none":
+            return queryset.filter(status__isnull=True)
+        if value in SessionStatus.values:
+            return queryset.filter(status=value)
+        return queryset
+
+
+class MarkFailedForm(forms.Form):
+    reason = forms.CharField(
+        min_length=3, max_length=500, strip=True, widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        help_text="Recorded as the run's error and in the session's audit timeline.",
+    )
+
+
+# --- sessions: runs inline ------------------------------------------------------------------------
+
+
+class RecentRunsFormSet(BaseInlineFormSet):
+    """Only the newest RUNS_SHOWN runs: a session may hold thousands."""
+
+    def get_queryset(self) -> Any:
+        if not hasattr(self, "_recent"):
+            self._recent = list(super().get_queryset().defer(*RUN_HEAVY_FIELDS).order_by("-queue_seq", "-id")[
+                :RUNS_SHOWN
+            ])
+        return self._recent
+
+
+class RunInline(admin.TabularInline):
+    model = Run
+    fk_name = "session"
+    formset = RecentRunsFormSet
+    extra = 0
+    max_num = 0
+    can_delete = False
+    show_change_link = True
+    verbose_name_plural = f"runs (newest {RUNS_SHOWN})"
+    fields = readonly_fields = (
+        "run_id", "state", "queue_seq", "owner_process", "created_at", "dispatched_at", "ended_at",
+        "run_duration", "error_kind", "stop_reason", "short_error",
+    )
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description="duration")
+    def run_duration(self, run: Run) -> str:
+        return _duration(run.dispatched_at, run.ended_at)
+
+    @admin.display(description="error")
+    def short_error(self, run: Run) -> str:
+        return Truncator(run.error_message).chars(80)
+
+
+# --- sessions -------------------------------------------------------------------------------------
+
+
+@admin.register(ChatSession)
+class ChatSessionAdmin(RowAnnotationsMixin, admin.ModelAdmin):
+    list_display = (
+        "key", "owner_name", "agent_id", "status_badge", "last_run_key", "started_at", "ended_at", "runtime",
+        "last_error", "updated_at",
+    )
+    list_display_links = ("key",)
+    list_filter = (StatusFilter, StuckFilter, FailedRecentlyFilter)
+    search_fields = ("key", "label", "owner__username")
+    search_help_text = "Session key or label (contains), owner username, or an exact runId."
+    ordering = ("-updated_at",)
+    list_per_page = 50
+    inlines = (RunInline,)
+    actions = ("abort_runs", "mark_failed", "reset_sessions", "delete_selected")
+    fieldsets = (
+        (None, {"fields": ("key", "owner", "agent_id", "label", "session_id", "status_badge", "version")}),
+        ("Last run", {"fields": ("last_run_link", "started_at", "ended_at", "runtime", "aborted_last_run",
+                                 "last_run_error")}),
+        ("Now", {"fields": ("active_run_link", "queued_runs", "all_runs_link")}),
+        ("Lifecycle audit", {"fields": ("timeline",)}),
+        ("Times", {"fields": ("created_at", "updated_at")}),
+    )
+    readonly_fields = (
+        "key", "owner", "agent_id", "session_id", "status_badge", "version", "last_run_link", "started_at",
+        "ended_at", "runtime", "aborted_last_run", "last_run_error", "active_run_link", "queued_runs",
+        "all_runs_link", "timeline", "created_at", "updated_at",
+    )
+
+    def annotate_rows(self, queryset: QuerySet[Any], request: HttpRequest) -> QuerySet[Any]:
+        queued = Run.objects.filter(session_id=OuterRef("pk"), state=RunState.QUEUED)
+        live = sorted(_live_ids(request))
+        behind_nothing = Q(active_run__owner_process__in=live) if live else Q(pk__in=[])
+        # The same rule as ops_selectors.stuck_sessions, evaluated per row of the page.
+        too_long = Q(active_run__dispatched_at__lt=ops_selectors.stuck_cutoff())
+        stuck = (Q(active_run__isnull=False) & (~behind_nothing | too_long)) | (
+            Q(active_run__isnull=True) & (Q(status=SessionStatus.RUNNING) | Q(Exists(queued)))
+        )
+        return (
+            queryset.select_related("owner")
+            .annotate(
+                owner_username=F("owner__username"),
+                last_run_run_id=F("last_run__run_id"),
+                active_run_run_id=F("active_run__run_id"),
+                active_owner=F("active_run__owner_process"),
+                active_since=F("active_run__dispatched_at"),
+                has_queued=Exists(queued),
+                is_stuck=ExpressionWrapper(stuck, output_field=BooleanField()),
+            )
+        )
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[ChatSession], search_term: str
+    ) -> tuple[QuerySet[ChatSession], bool]:
+        results, may_have_duplicates = super().get_search_results(request, queryset, search_term)
+        term = search_term.strip()
+        if term and " " not in term:
+            # runId: exact, through its own index (a LIKE over a million runs would scan them all).
+            by_run = queryset.filter(pk__in=Run.objects.filter(run_id=term).values("session_id"))
+            results = results | by_run
+        return results, may_have_duplicates
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        counts = ops_selectors.counts(_live_ids(request))
+        url = reverse("admin:sessions_app_chatsession_changelist")
+        extra = {
+            "agentgate_counts": [
+                ("running", counts.running, f"{url}?status=running"),
+                ("stuck", counts.stuck, f"{url}?stuck=yes"),
+                ("failed (24 h)", counts.failed_24h, f"{url}?failed=24h"),
+                ("live processes", counts.live_processes, reverse("admin:sessions_app_gatewayprocess_changelist")),
+            ],
+            **(extra_context or {}),
+        }
+        return super().changelist_view(request, extra_context=extra)
+
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
+                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        extra = {
+            "agentgate_session_actions": [
+                ("abort_runs", "Abort runs"), ("mark_failed", "Mark failed…"), ("reset_sessions", "Reset"),
+            ],
+            **(extra_context or {}),
+        }
+        return super().change_view(request, object_id, form_url, extra)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # sessions are created by clients
+
+    def _back(self, request: HttpRequest) -> HttpResponseRedirect | None:
+        """After an action started from a session page, go back to that page."""
+        pk = request.POST.get("agentgate_return", "")
+        if pk.isdigit() and ChatSession.objects.filter(pk=int(pk)).exists():
+            return HttpResponseRedirect(reverse("admin:sessions_app_chatsession_change", args=[int(pk)]))
+        return None
+
+    # -- columns ------------------------------------------------------------------------------------
+
+    @admin.display(description="owner", ordering="owner__username")
+    def owner_name(self, obj: Any) -> str:
+        return str(obj.owner_username)
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, obj: Any) -> str:
+        status = obj.status or "never ran"
+        if obj.is_stuck:
+            return format_html('{} <strong style="color:#ba2121">· stuck</strong>', status)
+        if obj.has_queued:
+            return f"{status} (+queued)"
+        return status
+
+    @admin.display(description="last run", ordering="last_run__run_id")
+    def last_run_key(self, obj: Any) -> str:
+        return obj.last_run_run_id or "-"
+
+    @admin.display(description="runtime")
+    def runtime(self, obj: Any) -> str:
+        return _duration(obj.started_at, None if obj.active_run_id else obj.ended_at)
+
+    @admin.display(description="last error")
+    def last_error(self, obj: Any) -> str:
+        return Truncator(obj.last_run_error).chars(60) or "-"
+
+    def _run_link(self, run_pk: int | None, run_id: str | None) -> str:
+        if run_pk is None:
+            return "-"
+        return format_html('<a href="{}">{}</a>', reverse("admin:sessions_app_run_change", args=[run_pk]), run_id)
+
+    @admin.display(description="last run")
+    def last_run_link(self, obj: Any) -> str:
+        return self._run_link(obj.last_run_id, obj.last_run_run_id)
+
+    @admin.display(description="active run")
+    def active_run_link(self, obj: Any) -> str:
+        if obj.active_run_id is None:
+            return "-"
+        live = obj.active_owner in live_process_ids()
+        where = obj.active_owner or "unowned"
+        return format_html(
+            "{} on {} ({}), since {}", self._run_link(obj.active_run_id, obj.active_run_run_id), where,
+            "alive" if live else "NOT alive", obj.active_since,
+        )
+
+    @admin.display(description="queued runs")
+    def queued_runs(self, obj: Any) -> str:
+        ids = list(
+            Run.objects.filter(session_id=obj.pk, state=RunState.QUEUED).order_by("queue_seq", "id")
+            .values_list("run_id", flat=True)[:20]
+        )
+        return ", ".join(ids) or "-"
+
+    @admin.display(description="runs")
+    def all_runs_link(self, obj: Any) -> str:
+        url = reverse("admin:sessions_app_run_changelist")
+        return format_html('<a href="{}?session__id__exact={}">all runs of this session</a>', url, obj.pk)
+
+    @admin.display(description="timeline (newest first)")
+    def timeline(self, obj: Any) -> str:
+        events = list(
+            LifecycleEvent.objects.filter(session_id=obj.pk).select_related("run").only(
+                "created_at", "actor", "reason", "from_state", "to_state", "detail", "run__run_id"
+            ).order_by("-id")[:TIMELINE_SHOWN]
+        )
+        if not events:
+            return "no audit rows"
+        rows = format_html_join(
+            "\n",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{} → {}</td><td>{}</td></tr>",
+            (
+                (
+                    timezone.localtime(e.created_at).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3], e.actor, e.reason,
+                    e.run.run_id if e.run else "", e.from_state or "·", e.to_state or "·",
+                    Truncator(e.detail).chars(200),
+                )
+                for e in events
+            ),
+        )
+        return format_html(
+            '<table class="agentgate-timeline"><thead><tr><th>time</th><th>actor</th><th>reason</th>'
+            "<th>run</th><th>transition</th><th>detail</th></tr></thead><tbody>{}</tbody></table>",
+            rows,
+        )
+
+    # -- writes: only through the lifecycle service ----------------------------------------------------
+
+    def save_model(self, request: HttpRequest, obj: ChatSession, form: Any, change: bool) -> None:
+        """Only the label is editable; it changes through `sessions.patch`'s service."""
+        if change and "label" in form.changed_data:
+            lifecycle.patch_session(obj.owner_id, obj.key, label=obj.label, actor=Actor.OPERATOR)
+
+    def delete_model(self, request: HttpRequest, obj: ChatSession) -> None:
+        lifecycle.delete_session_by_pk(obj.pk, actor=Actor.OPERATOR)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[ChatSession]) -> None:
+        for pk in list(queryset.values_list("pk", flat=True)):
+            try:
+                lifecycle.delete_session_by_pk(pk, actor=Actor.OPERATOR)
+            except ChatSession.DoesNotExist:
+                continue  # deleted meanwhile
+
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> tuple[list[Any], dict[str, int], set[str],
+                                                                             list[Any]]:
+        """A summary with counts instead of every run, message and audit row listed."""
+        pks = [o.pk for o in objs]
+        shown = [str(o) for o in list(objs)[:50]]
+        if len(pks) > 50:
+            shown.append(f"… and {len(pks) - 50} more")
+        counts = {
+            "chat sessions": len(pks),
+            "runs": Run.objects.filter(session_id__in=pks).count(),
+            "messages": Message.objects.filter(session_id__in=pks).count(),
+            "lifecycle events": LifecycleEvent.objects.filter(session_id__in=pks).count(),
+        }
+        perms_needed = set() if self.has_delete_permission(request) else {"chat session"}
+        return shown, counts, perms_needed, []
+
+    @admin.action(description="Abort active and queued runs", permissions=["change"])
+    def abort_runs(self, request: HttpRequest, queryset: QuerySet[ChatSession]) -> HttpResponse | None:
+        busy = queryset.filter(
+            Q(active_run__isnull=False) | Q(pk__in=Run.objects.filter(state=RunState.QUEUED).values("session_id"))
+        )
+        sessions = runs = 0
+        for session in busy.only("pk", "key"):
+            killed = lifecycle.abort_session_by_pk(session.pk, stop_reason="operator", actor=Actor.OPERATOR)
+            if killed:
+                sessions += 1
+                runs += len(killed)
+                self.log_change(request, session, f"Aborted runs: {', '.join(killed)}")
+        if runs:
+            self.message_user(request, f"Aborted {runs} run(s) in {sessions} session(s).", messages.SUCCESS)
+        else:
+            self.message_user(request, "No active or queued runs in the selected sessions.", messages.WARNING)
+        return self._back(request)
+
+    @admin.action(description="Mark the active run failed…", permissions=["change"])
+    def mark_failed(self, request: HttpRequest, queryset: QuerySet[ChatSession]) -> HttpResponse | None:
+        form = MarkFailedForm(request.POST if "apply" in request.POST else None)
+        if form.is_bound and form.is_valid():
+            reason = f"{form.cleaned_data['reason']} (by {request.user.get_username()})"
+            done: list[str] = []
+            for session in queryset.filter(active_run__isnull=False).only("pk", "key"):
+                ended = lifecycle.mark_failed(session.pk, reason_text=reason, actor=Actor.OPERATOR)
+                if ended:
+                    done += ended
+                    self.log_change(request, session, f"Marked run {ended[0]} failed: {reason}")
+            if done:
+                self.message_user(request, f"Marked {len(done)} run(s) failed: {', '.join(done)}.", messages.SUCCESS)
+            else:
+                self.message_user(request, "None of the selected sessions had an active run.", messages.WARNING)
+            return self._back(request)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Mark the active run failed",
+            "opts": self.model._meta,
+            "form": form,
+            "sessions": list(queryset.only("pk", "key", "status")[:100]),
+            "count": queryset.count(),
+            "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
+            "select_across": request.POST.get("select_across", "0"),
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "agentgate_return": request.POST.get("agentgate_return", ""),
+        }
+        return TemplateResponse(request, "admin/sessions_app/chatsession/mark_failed.html", context)
+
+    @admin.action(description="Reset (abort runs, new sessionId)", permissions=["change"])
+    def reset_sessions(self, request: HttpRequest, queryset: QuerySet[ChatSession]) -> HttpResponse | None:
+        count = 0
+        for session in queryset.only("pk", "key"):
+            killed = lifecycle.reset_session_by_pk(session.pk, actor=Actor.OPERATOR)
+            count += 1
+            self.log_change(request, session, "Reset" + (f"; aborted {', '.join(killed)}" if killed else ""))
+        self.message_user(request, f"Reset {count} session(s).", messages.SUCCESS)
+        return self._back(request)
+
+
+# --- runs -----------------------------------------------------------------------------------------------
+
+
+class ErrorKindFilter(admin.SimpleListFilter):
+    """Fixed choices: a field filter would read the distinct values of a million rows."""
+
+    title = "error kind"
+    parameter_name = "error_kind"
+    KINDS = ("dispatch", "backend", "timeout", "interrupted", "rate_limit", "context_length", "unknown")
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(k, k) for k in self.KINDS]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset.filter(error_kind=self.value()) if self.value() else queryset
+
+
+@admin.register(Run)
+class RunAdmin(RowAnnotationsMixin, admin.ModelAdmin):
+    list_display = (
+        "run_id", "session_link", "owner_name", "state", "owner_process", "created_at", "dispatched_at",
+        "ended_at", "duration", "error_kind", "stop_reason",
+    )
+    list_filter = ("state", ErrorKindFilter)
+    search_fields = ("=run_id",)  # enables the search box; the lookup itself is below
+    search_help_text = "Exact runId."
+    ordering = ("-id",)
+    list_per_page = 50
+    show_full_result_count = False  # a second COUNT over a million runs buys nothing
+    actions = ("abort_selected",)
+    readonly_fields = (
+        "session_link", "run_id", "session_generation", "state", "queue_mode", "queue_seq", "message", "reply",
+        "attachments_summary", "stream_seq", "error_kind", "error_message", "stop_reason", "timeout_ms",
+        "owner_process", "created_by", "prompt_tokens", "completion_tokens", "cancel_ms", "created_at",
+        "dispatched_at", "started_at", "ended_at", "duration",
+    )
+    fields = readonly_fields
+
+    def annotate_rows(self, queryset: QuerySet[Any], request: HttpRequest) -> QuerySet[Any]:
+        qs = queryset.annotate(
+            session_key=F("session__key"), owner_username=F("session__owner__username"),
+            session_owner_id=F("session__owner_id"),
+        )
+        match = request.resolver_match
+        if match is not None and (match.url_name or "").endswith("_changelist"):
+            qs = qs.defer(*RUN_HEAVY_FIELDS)
+        return qs
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Run], search_term: str
+    ) -> tuple[QuerySet[Run], bool]:
+        # Exact and case-sensitive, so the run_id index serves it (iexact is a LIKE on SQLite).
+        term = search_term.strip()
+        return (queryset.filter(run_id=term) if term else queryset), False
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
+                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        extra = {"show_save": False, "show_save_and_continue": False, **(extra_context or {})}
+        return super().change_view(request, object_id, form_url, extra)
+
+    def save_model(self, request: HttpRequest, obj: Run, form: Any, change: bool) -> None:
+        """Runs change only through the lifecycle service (a plain save could undo a transition)."""
+
+    @admin.display(description="session", ordering="session__key")
+    def session_link(self, obj: Any) -> str:
+        url = reverse("admin:sessions_app_chatsession_change", args=[obj.session_id])
+        return format_html('<a href="{}">{}</a>', url, obj.session_key)
+
+    @admin.display(description="owner")
+    def owner_name(self, obj: Any) -> str:
+        return str(obj.owner_username)
+
+    @admin.display(description="duration")
+    def duration(self, obj: Run) -> str:
+        return _duration(obj.dispatched_at, obj.ended_at)
+
+    @admin.display(description="attachments")
+    def attachments_summary(self, obj: Run) -> str:
+        items = obj.attachments or []
+        return ", ".join(f"{a.get('fileName') or '-'} ({a.get('mimeType')})" for a in items) or "-"
+
+    @admin.action(description="Abort selected runs (queued or active)", permissions=["change"])
+    def abort_selected(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
+        aborted: list[str] = []
+        for run in self.annotate_rows(queryset, request).filter(state__in=(RunState.QUEUED, *ACTIVE_STATES)):
+            outcome = lifecycle.abort(
+                run.session_owner_id, run.session_key, run.run_id, stop_reason="operator", actor=Actor.OPERATOR
+            )
+            if outcome.aborted:
+                aborted += outcome.run_ids
+                self.log_change(request, run, "Aborted by operator")
+        level = messages.SUCCESS if aborted else messages.WARNING
+        self.message_user(request, f"Aborted {len(aborted)} run(s).", level)
+
+
+# --- API tokens -------------------------------------------------------------------------------------------
+
+
+class TokenStateFilter(admin.SimpleListFilter):
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("active", "Active"), ("revoked", "Revoked")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == "active":
+            return queryset.filter(revoked_at__isnull=True)
+        if self.value() == "revoked":
+            return queryset.filter(revoked_at__isnull=False)
+        return queryset
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    list_display = ("prefix", "user", "name", "created_at", "last_used_at", "revoked_at", "is_active")
+    list_filter = (TokenStateFilter,)
+    list_select_related = ("user",)
+    search_fields = ("prefix", "name", "user__username")
+    autocomplete_fields = ("user",)
+    actions = ("revoke",)
+    ordering = ("-created_at",)
+
+    def get_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> Any:
+        if obj is None:
+            return ("user", "name")
+        return ("user", "name", "prefix", "created_at", "last_used_at", "revoked_at")
+
+    def get_readonly_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> Any:
+        if obj is None:
+            return ()
+        return ("user", "prefix", "created_at", "last_used_at", "revoked_at")
+
+    @admin.display(boolean=True, description="active")
+    def is_active(self, obj: ApiToken) -> bool:
+        return obj.revoked_at is None
+
+    def save_model(self, request: HttpRequest, obj: ApiToken, form: Any, change: bool) -> None:
+        if change:
+            obj.save(update_fields=["name"])
+            return
+        token, raw = issue_token(obj.user, name=obj.name)
+        obj.pk, obj.prefix, obj.token_hash, obj.created_at = token.pk, token.prefix, token.token_hash, token.created_at
+        obj._state.adding = False
+        obj._state.db = token._state.db
+        obj._raw_token = raw  # type: ignore[attr-defined]  # shown once by response_add
+
+    def response_add(self, request: HttpRequest, obj: ApiToken, post_url_continue: str | None = None) -> HttpResponse:
+        """Show the raw token on its own page, once; it is never stored or put in a message."""
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "API token created",
+            "opts": self.model._meta,
+            "token": obj,
+            "raw_token": getattr(obj, "_raw_token", ""),
+            "changelist_url": reverse("admin:sessions_app_apitoken_changelist"),
+        }
+        response = TemplateResponse(request, "admin/sessions_app/apitoken/token_created.html", context)
+        response["Cache-Control"] = "no-store"
+        return response
+
+    @admin.action(description="Revoke selected tokens", permissions=["change"])
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
+        revoked = 0
+        for token in queryset.filter(revoked_at__isnull=True):
+            if revoke_token(token_id=token.pk):
+                revoked += 1
+                self.log_change(request, token, "Revoked")
+        self.message_user(request, f"Revoked {revoked} token(s).", messages.SUCCESS if revoked else messages.WARNING)
+
+
+# --- gateway processes (read-only) ----------------------------------------------------------------------------
+
+
+@admin.register(GatewayProcess)
+class GatewayProcessAdmin(admin.ModelAdmin):
+    list_display = ("server_id", "hostname", "pid", "started_at", "heartbeat_at", "live", "busy", "stopped_at")
+    ordering = ("-started_at",)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[GatewayProcess]:
+        return ops_selectors.processes_with_liveness()
+
+    @admin.display(boolean=True, description="alive")
+    def live(self, obj: Any) -> bool:
+        return bool(obj.is_live)
+
+    @admin.display(boolean=True, description="has active runs")
+    def busy(self, obj: Any) -> bool:
+        return bool(obj.has_active_runs)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

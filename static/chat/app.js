@@ -1,0 +1,703 @@
+// The chat page: wires the WebSocket client to the pure state module and renders state to the DOM.
+// All protocol decisions live in state.js; this file only carries out its effects and draws.
+
+import { GatewayClient } from "./client.js";
+import {
+  activity,
+  canonicalKey,
+  conversation,
+  initialState,
+  outbox,
+  reduce,
+  sessionList,
+  shortName,
+} from "./state.js";
+
+const PAGE_SIZE = 50;
+const LIST_LIMIT = 200;
+const MAX_MESSAGE_CHARS = 32000;
+
+const root = document.getElementById("app");
+const $ = (selector) => root.querySelector(selector);
+const els = {
+  conn: $('[data-testid="connection-status"]'),
+  sidebarToggle: $('[data-testid="toggle-sidebar"]'),
+  backdrop: $('[data-testid="sidebar-backdrop"]'),
+  sessionList: $("#session-list"),
+  newSession: $('[data-testid="new-session"]'),
+  title: $("#chat-title"),
+  sub: $("#chat-sub"),
+  rename: $('[data-testid="rename-session"]'),
+  reset: $('[data-testid="reset-session"]'),
+  remove: $('[data-testid="delete-session"]'),
+  notice: $("#notice"),
+  noticeText: $("#notice .notice-text"),
+  noticeClose: $("#notice .notice-close"),
+  messages: $("#messages"),
+  messageList: $("#message-list"),
+  loadOlder: $('[data-testid="load-older"]'),
+  emptyHint: $("#empty-hint"),
+  form: $("#composer-form"),
+  composer: $('[data-testid="composer"]'),
+  send: $('[data-testid="send"]'),
+  stop: $('[data-testid="stop"]'),
+  status: $("#composer-status"),
+  dialog: $("#dialog"),
+  dialogTitle: $("#dialog-title"),
+  dialogText: $("#dialog-text"),
+  dialogLabel: $("#dialog-label"),
+  dialogInput: $("#dialog-input"),
+  dialogConfirm: $('[data-testid="dialog-confirm"]'),
+};
+
+function keyFromHash() {
+  const raw = decodeURIComponent(location.hash.replace(/^#/, ""));
+  return raw ? canonicalKey(raw) : null;
+}
+
+let state = initialState({ currentKey: keyFromHash() });
+
+// --- store ---------------------------------------------------------------------------------------
+
+function dispatch(action) {
+  state = reduce(state, action);
+  const effects = state.effects;
+  for (const eff of effects) runEffect(eff);
+  scheduleRender();
+}
+
+function runEffect(eff) {
+  switch (eff.type) {
+    case "history":
+      requestHistory(eff.key);
+      break;
+    case "list":
+      requestList();
+      break;
+    case "flush":
+      flushOutbox();
+      break;
+    case "retry":
+      setTimeout(flushOutbox, eff.afterMs);
+      break;
+    case "draft":
+      if (eff.key === state.currentKey) setComposer(state.drafts[eff.key] || "");
+      break;
+    default:
+      break;
+  }
+}
+
+// --- connection ------------------------------------------------------------------------------------
+
+const wsUrl = `${location.protocol === "https:" ? "wss" : "ws"}://${location.host}${root.dataset.wsPath || "/ws/gateway"}`;
+const client = new GatewayClient({
+  url: wsUrl,
+  client: {
+    id: "agentgate-web",
+    version: root.dataset.version || "1",
+    platform: "web",
+    mode: "webchat",
+    displayName: "agentgate web",
+  },
+  onConnecting: () => dispatch({ type: "conn/connecting" }),
+  onOpen: () => dispatch({ type: "conn/open" }),
+  onEvent: (frame) => dispatch({ type: "event", frame }),
+  onReady: (hello) => {
+    // Subscribe before anything is read, so no change between the read and the subscription is missed.
+    client.request("sessions.subscribe", {}).catch(() => {});
+    dispatch({ type: "conn/ready", hello });
+  },
+  onClosed: ({ retryInMs }) => dispatch({ type: "conn/closed", retryInMs }),
+  onFatal: (error) => {
+    if (error.code === "UNAUTHORIZED") {
+      const next = encodeURIComponent(location.pathname + location.hash);
+      location.assign(`${root.dataset.loginUrl || "/login/"}?next=${next}`);
+      return;
+    }
+    dispatch({ type: "conn/closed", retryInMs: null, error: error.message || error.code });
+    dispatch({ type: "notice", text: `The gateway refused this page: ${error.message || error.code}` });
+  },
+});
+
+const historyInFlight = new Map(); // key -> {again}
+let listInFlight = null;
+
+function requestHistory(key) {
+  if (!client.ready || !key) return;
+  const running = historyInFlight.get(key);
+  if (running) {
+    running.again = true;
+    return;
+  }
+  const marker = { again: false };
+  historyInFlight.set(key, marker);
+  dispatch({ type: "history/request", key });
+  const token = state.tick;
+  client
+    .request("chat.history", { sessionKey: key, limit: PAGE_SIZE })
+    .then((res) => {
+      if (res.ok) dispatch({ type: "history/loaded", key, token, payload: res.payload });
+      else dispatch({ type: "history/failed", key, error: res.error });
+    })
+    .catch((error) => dispatch({ type: "history/failed", key, error }))
+    .finally(() => {
+      historyInFlight.delete(key);
+      if (marker.again) requestHistory(key);
+    });
+}
+
+function requestOlder(key) {
+  const conv = state.convs[key];
+  if (!client.ready || !conv || !conv.loaded || !conv.hasMore || conv.loadingOlder || !conv.messages.length) return;
+  dispatch({ type: "history/request", key, older: true });
+  client
+    .request("chat.history", { sessionKey: key, limit: PAGE_SIZE, beforeId: conv.messages[0].id })
+    .then((res) => {
+      if (res.ok) dispatch({ type: "history/loaded", key, token: 0, older: true, payload: res.payload });
+      else dispatch({ type: "history/failed", key, error: res.error });
+    })
+    .catch((error) => dispatch({ type: "history/failed", key, error }));
+}
+
+function requestList() {
+  if (!client.ready) return;
+  if (listInFlight) {
+    listInFlight.again = true;
+    return;
+  }
+  const marker = { again: false };
+  listInFlight = marker;
+  const token = state.tick;
+  client
+    .request("sessions.list", { limit: LIST_LIMIT })
+    .then((res) => {
+      if (res.ok) dispatch({ type: "list/loaded", token, payload: res.payload });
+    })
+    .catch(() => {})
+    .finally(() => {
+      listInFlight = null;
+      if (marker.again) requestList();
+    });
+}
+
+function flushOutbox() {
+  for (const run of outbox(state)) {
+    const { key, id } = run;
+    dispatch({ type: "send/sent", key, runId: id, gen: state.conn.gen });
+    client
+      .request("chat.send", { sessionKey: key, message: run.userText, idempotencyKey: id })
+      .then((response) => dispatch({ type: "send/ack", key, runId: id, response }))
+      .catch((error) => {
+        // No answer: the socket went away (or the request timed out). Same key, next connection.
+        dispatch({ type: "send/unsent", key, runId: id });
+        if (error.code !== "DISCONNECTED") setTimeout(flushOutbox, 1000);
+      });
+  }
+}
+
+// --- user actions ----------------------------------------------------------------------------------------
+
+function newRunId() {
+  const bytes = new Uint8Array(8);
+  crypto.getRandomValues(bytes);
+  const hex = Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+  return `web-${Date.now().toString(36)}-${hex}`;
+}
+
+let stickToBottom = true;
+
+function sendComposer() {
+  const text = els.composer.value;
+  if (!text.trim()) return;
+  if (text.length > MAX_MESSAGE_CHARS) {
+    dispatch({ type: "notice", text: `Messages are limited to ${MAX_MESSAGE_CHARS} characters.` });
+    return;
+  }
+  stickToBottom = true;
+  dispatch({ type: "send/request", key: state.currentKey, runId: newRunId(), text });
+  els.composer.focus();
+}
+
+let stopping = false;
+
+async function stopRuns() {
+  const key = state.currentKey;
+  const ids = activity(state, key).activeRunIds;
+  stopping = true;
+  scheduleRender();
+  try {
+    const calls = ids.length
+      ? ids.map((runId) => client.request("chat.abort", { sessionKey: key, runId }))
+      : [client.request("chat.abort", { sessionKey: key })];
+    const results = await Promise.all(calls);
+    const failed = results.find((r) => !r.ok);
+    if (failed) dispatch({ type: "notice", text: `Could not stop: ${failed.error.message}` });
+    else if (results.every((r) => !r.payload.aborted)) requestHistory(key); // it had ended already: resync
+  } catch {
+    dispatch({ type: "notice", text: "Not connected; Stop needs the connection." });
+  } finally {
+    stopping = false;
+    scheduleRender();
+  }
+}
+
+async function cancelQueued(key, runId) {
+  try {
+    const res = await client.request("chat.abort", { sessionKey: key, runId });
+    if (!res.ok) dispatch({ type: "notice", text: `Could not cancel: ${res.error.message}` });
+  } catch {
+    dispatch({ type: "notice", text: "Not connected; try again when the connection is back." });
+  }
+}
+
+async function call(method, params) {
+  try {
+    const res = await client.request(method, params);
+    if (!res.ok) {
+      dispatch({ type: "notice", text: `${method} failed: ${res.error.message || res.error.code}` });
+      return null;
+    }
+    return res.payload;
+  } catch {
+    dispatch({ type: "notice", text: "Not connected; try again when the connection is back." });
+    return null;
+  }
+}
+
+function selectSession(key) {
+  closeSidebar();
+  if (key === state.currentKey) return;
+  stickToBottom = true;
+  dispatch({ type: "session/select", key });
+}
+
+async function newSession() {
+  const payload = await call("sessions.create", {});
+  if (!payload) return;
+  dispatch({ type: "session/row", row: payload.session });
+  selectSession(payload.session.key);
+  els.composer.focus();
+}
+
+function currentLabel() {
+  const row = state.rows[state.currentKey];
+  return (row && row.label) || shortName(state.currentKey);
+}
+
+async function renameSession() {
+  const key = state.currentKey;
+  const row = state.rows[key];
+  const label = await ask({
+    title: "Rename session",
+    input: (row && row.label) || "",
+    inputLabel: "Name",
+    confirm: "Rename",
+  });
+  if (label === null) return;
+  const payload = await call("sessions.patch", { sessionKey: key, label: label.trim() });
+  if (payload) dispatch({ type: "session/row", row: payload.session });
+}
+
+async function resetSession() {
+  const key = state.currentKey;
+  const ok = await ask({
+    title: "Reset this session?",
+    text: `“${currentLabel()}” starts over with an empty conversation. Running and queued messages are stopped.`,
+    confirm: "Reset",
+    danger: true,
+  });
+  if (!ok) return;
+  const payload = await call("sessions.reset", { sessionKey: key });
+  if (!payload) return;
+  dispatch({ type: "session/row", row: payload.session });
+  requestHistory(key);
+}
+
+async function deleteSession() {
+  const key = state.currentKey;
+  const ok = await ask({
+    title: "Delete this session?",
+    text: `“${currentLabel()}” and all its messages are deleted. This cannot be undone.`,
+    confirm: "Delete",
+    danger: true,
+  });
+  if (!ok) return;
+  if (!state.rows[key]) {
+    // Never used on the server: nothing to delete there.
+    dispatch({ type: "session/deleted", key });
+    return;
+  }
+  const payload = await call("sessions.delete", { sessionKey: key });
+  if (payload) dispatch({ type: "session/deleted", key });
+}
+
+// --- dialog -------------------------------------------------------------------------------------------------
+
+function ask({ title, text = "", input = null, inputLabel = "", confirm = "OK", danger = false }) {
+  const d = els.dialog;
+  els.dialogTitle.textContent = title;
+  els.dialogText.textContent = text;
+  els.dialogText.hidden = !text;
+  els.dialogInput.hidden = input === null;
+  els.dialogLabel.hidden = input === null;
+  els.dialogLabel.textContent = inputLabel;
+  els.dialogInput.value = input === null ? "" : input;
+  els.dialogConfirm.textContent = confirm;
+  d.dataset.danger = String(danger);
+  d.returnValue = "";
+  return new Promise((resolve) => {
+    const onClose = () => {
+      d.removeEventListener("close", onClose);
+      const ok = d.returnValue === "ok";
+      resolve(ok ? (input === null ? true : els.dialogInput.value) : null);
+    };
+    d.addEventListener("close", onClose);
+    d.showModal();
+    if (input !== null) {
+      els.dialogInput.focus();
+      els.dialogInput.select();
+    } else {
+      els.dialogConfirm.focus();
+    }
+  });
+}
+
+els.dialog.querySelector("form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  els.dialog.close(ev.submitter ? ev.submitter.value : "ok");
+});
+els.dialogInput.addEventListener("keydown", (ev) => {
+  if (ev.key === "Enter" && !ev.isComposing) {
+    ev.preventDefault();
+    els.dialog.close("ok");
+  }
+});
+
+// --- sidebar (phone) ------------------------------------------------------------------------------------------
+
+function openSidebar() {
+  document.body.classList.add("sidebar-open");
+  els.sidebarToggle.setAttribute("aria-expanded", "true");
+}
+
+function closeSidebar() {
+  document.body.classList.remove("sidebar-open");
+  els.sidebarToggle.setAttribute("aria-expanded", "false");
+}
+
+// --- rendering --------------------------------------------------------------------------------------------------
+
+let renderPending = false;
+
+function scheduleRender() {
+  if (renderPending) return;
+  renderPending = true;
+  Promise.resolve().then(() => {
+    renderPending = false;
+    render();
+  });
+}
+
+const STATUS_TEXT = {
+  running: "running",
+  done: "done",
+  failed: "failed",
+  killed: "stopped",
+  timeout: "timed out",
+  new: "new",
+};
+
+function formatTime(ms) {
+  if (!ms) return "";
+  const d = new Date(ms);
+  const now = new Date();
+  const sameDay = d.toDateString() === now.toDateString();
+  return sameDay
+    ? d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" })
+    : d.toLocaleDateString([], { month: "short", day: "numeric" });
+}
+
+function render() {
+  renderConnection();
+  renderSessions();
+  renderHeader();
+  renderMessages();
+  renderComposer();
+  renderNotice();
+  const hash = `#${state.currentKey}`;
+  if (location.hash !== hash) history.replaceState(null, "", hash);
+}
+
+function renderConnection() {
+  const { status, retryInMs, error } = state.conn;
+  let text = "Connecting…";
+  if (status === "online") text = "Connected";
+  else if (status === "offline") text = error ? "Disconnected" : retryInMs != null ? "Offline · reconnecting…" : "Offline";
+  if (els.conn.dataset.state !== status) els.conn.dataset.state = status;
+  if (els.conn.textContent !== text) els.conn.textContent = text;
+}
+
+const rowEls = new Map();
+
+function renderSessions() {
+  const items = sessionList(state);
+  const seen = new Set();
+  let prev = null;
+  for (const item of items) {
+    let li = rowEls.get(item.key);
+    if (!li) {
+      li = document.createElement("li");
+      li.className = "session-row";
+      li.dataset.testid = "session-row";
+      li.dataset.key = item.key;
+      const btn = document.createElement("button");
+      btn.type = "button";
+      btn.className = "session-row-btn";
+      btn.innerHTML = '<span class="row-label"></span><span class="row-status"></span><span class="row-detail"></span>';
+      btn.addEventListener("click", () => selectSession(item.key));
+      li.append(btn);
+      rowEls.set(item.key, li);
+    }
+    const detail = item.error && (item.status === "failed" || item.status === "timeout")
+      ? item.error
+      : [item.status === "running" ? "replying…" : "", item.queued ? `${item.queued} queued` : "", item.updatedAt ? formatTime(item.updatedAt) : "new session"]
+          .filter(Boolean)
+          .join(" · ");
+    setAttr(li, "data-status", item.status);
+    setAttr(li, "data-current", String(item.current));
+    setAttr(li, "data-queued", String(item.queued));
+    setAttr(li, "title", item.error ? `${item.label}: ${item.error}` : item.key);
+    const btn = li.firstChild;
+    if (item.current) btn.setAttribute("aria-current", "true");
+    else btn.removeAttribute("aria-current");
+    setText(btn.children[0], item.label);
+    setText(btn.children[1], STATUS_TEXT[item.status] || item.status);
+    setText(btn.children[2], detail);
+    const expected = prev ? prev.nextSibling : els.sessionList.firstChild;
+    if (li !== expected) els.sessionList.insertBefore(li, expected);
+    prev = li;
+    seen.add(item.key);
+  }
+  for (const [key, li] of rowEls) {
+    if (!seen.has(key)) {
+      li.remove();
+      rowEls.delete(key);
+    }
+  }
+}
+
+function renderHeader() {
+  const key = state.currentKey;
+  const row = state.rows[key];
+  const label = currentLabel();
+  setText(els.title, label);
+  const parts = [key];
+  if (row && row.status && !row.hasActiveRun) parts.push(STATUS_TEXT[row.status] || row.status);
+  if (row && row.hasActiveRun) parts.push("running");
+  if (row && row.lastRunError && (row.status === "failed" || row.status === "timeout") && !row.hasActiveRun) {
+    parts.push(row.lastRunError);
+  }
+  setText(els.sub, parts.join(" · "));
+  els.sub.title = parts.join(" · ");
+  const title = `${label} · agentgate`;
+  if (document.title !== title) document.title = title;
+  els.rename.disabled = !row;
+  els.reset.disabled = !row;
+}
+
+const msgEls = new Map();
+let renderedKey = null;
+
+function metaFor(item) {
+  switch (item.state) {
+    case "sending":
+      return { text: state.conn.status === "online" ? "Sending…" : "Waiting for the connection…" };
+    case "queued":
+      return { text: item.position ? `Queued · #${item.position}` : "Queued", cancel: true };
+    case "error":
+      return { text: item.role === "user" ? `Not sent: ${item.error}` : `Error: ${item.error}` };
+    case "aborted":
+      return { text: item.meta || "Stopped" };
+    default:
+      return null;
+  }
+}
+
+function renderMessages() {
+  const box = els.messages;
+  const key = state.currentKey;
+  if (renderedKey !== key) {
+    for (const el of msgEls.values()) el.remove();
+    msgEls.clear();
+    renderedKey = key;
+    stickToBottom = true;
+  }
+  const items = conversation(state, key);
+  const conv = state.convs[key];
+  const nearBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 80;
+  const heightBefore = box.scrollHeight;
+  const firstBefore = els.messageList.firstChild;
+  const seen = new Set();
+  let prev = null;
+  for (const item of items) {
+    let el = msgEls.get(item.id);
+    if (!el) {
+      el = document.createElement("article");
+      el.className = "msg";
+      el.dataset.testid = "message";
+      el.innerHTML = '<div class="msg-text"></div><div class="msg-meta" hidden></div>';
+      msgEls.set(item.id, el);
+    }
+    setAttr(el, "data-role", item.role);
+    setAttr(el, "data-state", item.state);
+    setAttr(el, "data-run-id", item.runId || "");
+    setAttr(el, "data-position", item.position ? String(item.position) : "");
+    setText(el.children[0], item.text);
+    const meta = metaFor(item);
+    const metaEl = el.children[1];
+    const signature = meta ? `${meta.text}|${meta.cancel ? 1 : 0}` : "";
+    if (metaEl.dataset.sig !== signature) {
+      metaEl.dataset.sig = signature;
+      metaEl.replaceChildren();
+      metaEl.hidden = !meta;
+      if (meta) {
+        const span = document.createElement("span");
+        span.textContent = meta.text;
+        metaEl.append(span);
+        if (meta.cancel && item.runId) {
+          const cancel = document.createElement("button");
+          cancel.type = "button";
+          cancel.className = "btn btn-quiet btn-small";
+          cancel.dataset.testid = "cancel-queued";
+          cancel.textContent = "Cancel";
+          const runId = item.runId;
+          cancel.addEventListener("click", () => cancelQueued(key, runId));
+          metaEl.append(cancel);
+        }
+      }
+    }
+    const expected = prev ? prev.nextSibling : els.messageList.firstChild;
+    if (el !== expected) els.messageList.insertBefore(el, expected);
+    prev = el;
+    seen.add(item.id);
+  }
+  for (const [id, el] of msgEls) {
+    if (!seen.has(id)) {
+      el.remove();
+      msgEls.delete(id);
+    }
+  }
+  els.loadOlder.hidden = !(conv && conv.hasMore);
+  els.loadOlder.disabled = Boolean(conv && conv.loadingOlder);
+  els.emptyHint.hidden = items.length > 0 || !(conv && conv.loaded);
+  const prepended = firstBefore && els.messageList.firstChild !== firstBefore && firstBefore.isConnected;
+  if (prepended && !stickToBottom) {
+    box.scrollTop += box.scrollHeight - heightBefore; // keep the reader's place after older messages load
+  } else if (nearBottom || stickToBottom) {
+    box.scrollTop = box.scrollHeight;
+  }
+  if (conv && conv.loaded && items.length) stickToBottom = false;
+}
+
+function renderComposer() {
+  const act = activity(state, state.currentKey);
+  els.stop.hidden = !act.active;
+  els.stop.disabled = stopping;
+  els.send.disabled = !els.composer.value.trim();
+  let text = "";
+  let kind = "";
+  if (state.conn.status !== "online" && act.pending) {
+    text = "Offline: your message goes out when the connection is back.";
+    kind = "warn";
+  } else if (act.active) {
+    text = act.queued ? `Replying… · ${act.queued} queued` : "Replying…";
+  } else if (act.queued) {
+    text = `${act.queued} queued`;
+  } else if (act.pending) {
+    text = "Sending…";
+  }
+  setText(els.status, text);
+  setAttr(els.status, "data-kind", kind);
+  els.send.title = act.active ? "Send (it waits behind the current reply)" : "Send";
+}
+
+function renderNotice() {
+  const notice = state.notice;
+  els.notice.hidden = !notice;
+  if (notice) setText(els.noticeText, notice.text);
+}
+
+function setText(el, text) {
+  if (el.textContent !== text) el.textContent = text;
+}
+
+function setAttr(el, name, value) {
+  if (value === "" || value == null) {
+    if (el.hasAttribute(name)) el.removeAttribute(name);
+  } else if (el.getAttribute(name) !== value) {
+    el.setAttribute(name, value);
+  }
+}
+
+function setComposer(text) {
+  if (els.composer.value !== text) els.composer.value = text;
+  autosize();
+  scheduleRender();
+}
+
+function autosize() {
+  els.composer.style.height = "auto";
+  els.composer.style.height = `${Math.min(els.composer.scrollHeight, window.innerHeight * 0.4)}px`;
+}
+
+// --- wiring ---------------------------------------------------------------------------------------------------
+
+els.form.addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  sendComposer();
+});
+els.composer.addEventListener("keydown", (ev) => {
+  if (ev.key === "Enter" && !ev.shiftKey && !ev.altKey && !ev.ctrlKey && !ev.metaKey && !ev.isComposing) {
+    ev.preventDefault();
+    sendComposer();
+  }
+});
+els.composer.addEventListener("input", () => {
+  autosize();
+  dispatch({ type: "draft/set", key: state.currentKey, text: els.composer.value });
+});
+els.stop.addEventListener("click", stopRuns);
+els.newSession.addEventListener("click", newSession);
+els.rename.addEventListener("click", renameSession);
+els.reset.addEventListener("click", resetSession);
+els.remove.addEventListener("click", deleteSession);
+els.noticeClose.addEventListener("click", () => dispatch({ type: "notice", text: null }));
+els.loadOlder.addEventListener("click", () => requestOlder(state.currentKey));
+els.messages.addEventListener(
+  "scroll",
+  () => {
+    if (els.messages.scrollTop < 80) requestOlder(state.currentKey);
+  },
+  { passive: true },
+);
+els.sidebarToggle.addEventListener("click", () => {
+  if (document.body.classList.contains("sidebar-open")) closeSidebar();
+  else openSidebar();
+});
+els.backdrop.addEventListener("click", closeSidebar);
+document.addEventListener("keydown", (ev) => {
+  if (ev.key === "Escape" && document.body.classList.contains("sidebar-open")) closeSidebar();
+});
+window.addEventListener("hashchange", () => {
+  const key = keyFromHash();
+  if (key && key !== state.currentKey) selectSession(key);
+});
+window.addEventListener("online", () => client.reconnectNow());
+
+// For tests and debugging: a read-only look at the state.
+Object.defineProperty(window, "agentgate", { value: { get state() { return state; } } });
+
+render();
+client.start();
+els.composer.focus();
