@@ -248,11 +248,7 @@ def _transition(
     if was_active:
         session.active_run = None
         if current_generation:
-            session.status = to_state
-            session.last_run = run
-            session.ended_at = now
-            session.aborted_last_run = to_state == RunState.KILLED
-            session.last_run_error = run.error_message if to_state in (RunState.FAILED, RunState.TIMEOUT) else ""
+            _take_outcome(session, run)
             _save_row(session, "active_run", "status", "last_run", "ended_at", "aborted_last_run", "last_run_error")
         else:
             # An old-generation run never touches the row (§8); only release the slot.

@@ -49,6 +49,10 @@ class Command(BaseCommand):
             future.add_done_callback(pending.discard)
 
         def start_runtime() -> None:
+            # autobahn drops the TCP connection on a protocol failure by default (the
+            # client sees 1006); with failByDrop off it sends the close frame, so an
+            # oversize frame gets the 1009 the protocol promises.
+            server.ws_factory.setProtocolOptions(failByDrop=False)
             keep(asyncio.ensure_future(run_manager.ensure_started()))
 
         stopping = {"done": False}
