@@ -24,11 +24,12 @@ run: setup
 	$(BIN)/python manage.py serve --host $(HOST) --port $(PORT)
 
 test: .setup-stamp
+	$(BIN)/ruff check .
+	$(BIN)/mypy gatewayproject chat sessions_app
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: .setup-stamp
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check . || true
 
 typecheck: .setup-stamp
 	$(BIN)/mypy gatewayproject chat sessions_app

@@ -70,7 +70,7 @@ class Command(BaseCommand):
                     if run_manager.running:
                         await run_manager.drain_and_stop(settings.GATEWAY_SHUTDOWN_DRAIN_SECONDS)
                 finally:
-                    reactor.stop()
+                    reactor.stop()  # type: ignore[misc]  # twisted stubs type the reactor loosely
 
             keep(asyncio.ensure_future(drain()))
 
