@@ -1,20 +1,23 @@
-"""Restart recovery (§8): end the active runs of processes that stopped heartbeating."""
+"""Restart recovery (§8): end the active runs of processes that stopped heartbeating.
+
+Every server process runs `sweep` on each heartbeat; `recover_runs` runs `recover`
+once, with progress. Either way each run goes through `lifecycle.finish_run`, so the
+first terminal transition wins, the sessions' next queued runs start, and clients
+hear about it. Run from a command, the successors start unowned and the next live
+server process claims them.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from .lifecycle import interrupt_runs_of_process
-from .models import ACTIVE_STATES, Actor, Run
+from . import lifecycle
+from .models import ACTIVE_STATES, Actor, Run, RunState
 from .process import live_process_ids
 
 INTERRUPTED_MESSAGE = "the gateway process running this run stopped; the run was interrupted"
-
-
-@dataclass
-class SweepResult:
-    dead_processes: list[str] = field(default_factory=list)
-    ended_runs: list[int] = field(default_factory=list)
 
 
 def orphaned_owners(exclude: str = "") -> list[str]:
@@ -28,16 +31,57 @@ def orphaned_owners(exclude: str = "") -> list[str]:
     return sorted(owners - live)
 
 
-def sweep(self_id: str = "", *, dry_run: bool = False, actor: str = Actor.REAPER) -> SweepResult:
-    """End active runs whose owning process is dead; the next queued runs start as usual."""
-    result = SweepResult(dead_processes=orphaned_owners(self_id))
-    if dry_run:
-        result.ended_runs = list(
-            Run.objects.filter(state__in=ACTIVE_STATES, owner_process__in=result.dead_processes).values_list(
-                "pk", flat=True
-            )
-        )
+@dataclass
+class RecoverResult:
+    dry_run: bool
+    dead_processes: list[str] = field(default_factory=list)
+    runs: list[dict[str, Any]] = field(default_factory=list)  # what was (or would be) ended
+    ended: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"dryRun": self.dry_run, "deadProcesses": self.dead_processes, "runs": self.runs,
+                "ended": self.ended}
+
+
+def plan(exclude: str = "") -> RecoverResult:
+    """Active runs whose owning process stopped heartbeating."""
+    result = RecoverResult(dry_run=True, dead_processes=orphaned_owners(exclude))
+    if not result.dead_processes:
         return result
-    for owner in result.dead_processes:
-        result.ended_runs += interrupt_runs_of_process(owner, actor=actor, message=INTERRUPTED_MESSAGE)
+    rows = Run.objects.filter(state__in=ACTIVE_STATES, owner_process__in=result.dead_processes).order_by("pk")
+    result.runs = [
+        {"runPk": r["pk"], "runId": r["run_id"], "state": r["state"], "ownerProcess": r["owner_process"],
+         "sessionKey": r["session__key"], "owner": r["session__owner__username"]}
+        for r in rows.values("pk", "run_id", "state", "owner_process", "session__key", "session__owner__username")
+    ]
     return result
+
+
+def recover(
+    *,
+    dry_run: bool = False,
+    exclude: str = "",
+    progress_factory: Callable[[int], Callable[[int], None] | None] | None = None,
+    actor: str = Actor.REAPER,
+) -> RecoverResult:
+    """End the active runs of dead processes as failed (errorKind interrupted)."""
+    result = plan(exclude)
+    result.dry_run = dry_run
+    if dry_run or not result.runs:
+        return result
+    progress = progress_factory(len(result.runs)) if progress_factory else None
+    for run in result.runs:
+        # First terminal wins: a run that ended meanwhile is left as it is.
+        run["ended"] = lifecycle.finish_run(
+            run["runPk"], RunState.FAILED, error_kind="interrupted", error_message=INTERRUPTED_MESSAGE,
+            reason="run.interrupted", actor=actor,
+        )
+        result.ended += int(run["ended"])
+        if progress is not None:
+            progress(1)
+    return result
+
+
+def sweep(self_id: str) -> RecoverResult:
+    """The periodic sweep of a live server process (never ends its own runs)."""
+    return recover(exclude=self_id)
