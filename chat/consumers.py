@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.utils import timezone
 
+from chat.db import db_sync_to_async
 from sessions_app import selectors
 from sessions_app.models import TERMINAL_STATES, ChatSession
 from sessions_app.tokens import authenticate_token
@@ -217,9 +217,9 @@ class GatewayConsumer(AsyncWebsocketConsumer):
 
     async def _identify(self, token: Any) -> tuple[int, str, bool] | None:
         if token is not None:
-            user = await database_sync_to_async(authenticate_token)(token if isinstance(token, str) else None)
+            user = await db_sync_to_async(authenticate_token)(token if isinstance(token, str) else None)
         else:
-            user = await database_sync_to_async(_scope_user)(self.scope)
+            user = await db_sync_to_async(_scope_user)(self.scope)
         if user is None:
             return None
         return int(user.pk), user.get_username(), bool(getattr(user, "is_staff", False))
@@ -329,7 +329,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         scan_started = timezone.now()
         owner = None if self.subscribed_all else self.user_id
         known_sessions = list(self.rows) if self.subscribed else []
-        runs, rows, existing = await database_sync_to_async(_repair_snapshot)(
+        runs, rows, existing = await db_sync_to_async(_repair_snapshot)(
             open_runs, owner, since if self.subscribed else None, known_sessions
         )
         for pk in open_runs:

@@ -7,9 +7,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from channels.db import database_sync_to_async
 from django.conf import settings
 
+from chat.db import db_sync_to_async
 from sessions_app import lifecycle, selectors
 from sessions_app.lifecycle import LifecycleError, SendOutcome, SendRequest
 from sessions_app.models import ACTIVE_STATES, Run, RunState
@@ -66,7 +66,7 @@ def _lifecycle_error(exc: LifecycleError) -> ProtocolError:
 async def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Run a sync service on a worker thread, mapping domain errors to protocol errors."""
     try:
-        return await database_sync_to_async(fn)(*args, **kwargs)
+        return await db_sync_to_async(fn)(*args, **kwargs)
     except LifecycleError as exc:
         raise _lifecycle_error(exc) from exc
 
@@ -82,7 +82,7 @@ def _run_counts() -> tuple[int, int]:
 
 @method("health")
 async def health(conn: Conn, params: dict[str, Any]) -> Reply:
-    active, queued = await database_sync_to_async(_run_counts)()
+    active, queued = await db_sync_to_async(_run_counts)()
     return Reply({"ok": True, "ts": now_ms(), "version": settings.GATEWAY_VERSION,
                   "activeRuns": active, "queuedRuns": queued})
 
@@ -207,7 +207,7 @@ async def chat_history(conn: Conn, params: dict[str, Any]) -> Reply:
         if isinstance(before_raw, bool) or not isinstance(before_raw, str | int) or not str(before_raw).isdigit():
             raise invalid("beforeId must be a message id", field="beforeId")
         before_id = int(before_raw)
-    payload = await database_sync_to_async(_history)(conn.user_id, key, limit, before_id)
+    payload = await db_sync_to_async(_history)(conn.user_id, key, limit, before_id)
     if payload is None:
         # A key that was never used is an empty conversation, not an error.
         payload = {"sessionKey": key, "sessionId": None, "messages": [], "hasMore": False, "session": None,
@@ -229,7 +229,7 @@ async def sessions_list(conn: Conn, params: dict[str, Any]) -> Reply:
         raise invalid("status must be one of " + ", ".join(sorted(LIST_STATUSES)), field="status")
     active_only = protocol.get_bool(params, "activeOnly")
     search = protocol.get_str(params, "search", required=False, min_len=0, max_len=200)
-    result = await database_sync_to_async(selectors.list_sessions)(
+    result = await db_sync_to_async(selectors.list_sessions)(
         conn.user_id, limit=limit, offset=offset, status=status, active_only=active_only, search=search or None
     )
     return Reply({"ts": now_ms(), **result})
@@ -273,7 +273,7 @@ async def sessions_create(conn: Conn, params: dict[str, Any]) -> Reply:
     if agent_id not in settings.GATEWAY_AGENTS:
         raise ProtocolError("NOT_FOUND", f"unknown agent: {agent_id}", field="agentId")
     session = await call(lifecycle.create_session, conn.user_id, key, label=label, agent_id=agent_id)
-    return Reply({"session": await database_sync_to_async(_row_of)(session)})
+    return Reply({"session": await db_sync_to_async(_row_of)(session)})
 
 
 @method("sessions.patch")
@@ -281,14 +281,14 @@ async def sessions_patch(conn: Conn, params: dict[str, Any]) -> Reply:
     key, _agent = protocol.session_key_param(params)
     label = protocol.get_str(params, "label", min_len=0, max_len=200)
     session = await call(lifecycle.patch_session, conn.user_id, key, label=label or "")
-    return Reply({"session": await database_sync_to_async(_row_of)(session)})
+    return Reply({"session": await db_sync_to_async(_row_of)(session)})
 
 
 @method("sessions.reset")
 async def sessions_reset(conn: Conn, params: dict[str, Any]) -> Reply:
     key, _agent = protocol.session_key_param(params)
     session, _killed = await call(lifecycle.reset_session, conn.user_id, key)
-    return Reply({"session": await database_sync_to_async(_row_of)(session)})
+    return Reply({"session": await db_sync_to_async(_row_of)(session)})
 
 
 @method("sessions.delete")

@@ -65,8 +65,8 @@ TEMPLATES = [
 ]
 
 # --- Database ----------------------------------------------------------------
-# Persistent connections are useless under ASGI (each sync call may run on a
-# fresh thread), so CONN_MAX_AGE stays 0.
+# Async code reaches the ORM through the executor's fixed pool of worker threads
+# (chat.db), so a connection kept per worker thread is reused, not leaked.
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # WAL lets readers run beside the writer; IMMEDIATE transactions plus a busy
@@ -78,7 +78,17 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
         }
     )
-DATABASES["default"]["CONN_MAX_AGE"] = 0
+    # Opening a SQLite connection costs more than most of our queries: keep it.
+    DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=300)
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env.bool("DB_POOL", default=True):
+    # A pool hands each call a warm connection (Django requires CONN_MAX_AGE 0 with it).
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": env.int("DB_POOL_MIN", default=1),
+        "max_size": env.int("DB_POOL_MAX", default=20),
+        "timeout": env.float("DB_POOL_TIMEOUT_SECONDS", default=30.0),
+    }
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Channel layer -------------------------------------------------------------

@@ -19,7 +19,8 @@ from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.views.main import ChangeList
-from django.core.exceptions import ValidationError
+from django.contrib.auth import get_user_model
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.db.models import BooleanField, Exists, ExpressionWrapper, F, OuterRef, Q, QuerySet
 from django.forms.models import BaseInlineFormSet
@@ -274,7 +275,8 @@ class ChatSessionAdmin(RowAnnotationsMixin, admin.ModelAdmin):
         behind_nothing = Q(active_run__owner_process__in=live) if live else Q(pk__in=[])
         # The same rule as ops_selectors.stuck_sessions, evaluated per row of the page.
         too_long = Q(active_run__dispatched_at__lt=ops_selectors.stuck_cutoff())
-        stuck = (Q(active_run__isnull=False) & (~behind_nothing | too_long)) | (
+        ended_slot = ~Q(active_run__state__in=ACTIVE_STATES)
+        stuck = (Q(active_run__isnull=False) & (~behind_nothing | too_long | ended_slot)) | (
             Q(active_run__isnull=True) & (Q(status=SessionStatus.RUNNING) | Q(Exists(queued)))
         )
         return (
@@ -552,6 +554,11 @@ class RunAdmin(RowAnnotationsMixin, admin.ModelAdmin):
     )
     fields = readonly_fields
 
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # A bare row delete would strand its session ("running" with no run, queue stuck)
+        # and skip the audit and the broadcast; delete the session, or abort the run.
+        return False
+
     def annotate_rows(self, queryset: QuerySet[Any], request: HttpRequest) -> QuerySet[Any]:
         qs = queryset.annotate(
             session_key=F("session__key"), owner_username=F("session__owner__username"),
@@ -640,6 +647,12 @@ class ApiTokenAdmin(admin.ModelAdmin):
     actions = ("revoke",)
     ordering = ("-created_at",)
 
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if db_field.name == "user" and not request.user.is_superuser:
+            # A token acts as its user: only superusers may mint one for someone else.
+            kwargs["queryset"] = get_user_model().objects.filter(pk=request.user.pk)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
     def get_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> Any:
         if obj is None:
             return ("user", "name")
@@ -658,6 +671,8 @@ class ApiTokenAdmin(admin.ModelAdmin):
         if change:
             obj.save(update_fields=["name"])
             return
+        if not request.user.is_superuser and obj.user_id != request.user.pk:
+            raise PermissionDenied("only superusers may create tokens for other users")
         token, raw = issue_token(obj.user, name=obj.name)
         obj.pk, obj.prefix, obj.token_hash, obj.created_at = token.pk, token.prefix, token.token_hash, token.created_at
         obj._state.adding = False

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
@@ -402,15 +402,22 @@ def mark_running(run_pk: int) -> bool:
         return _transition(run, RunState.RUNNING, reason="run.running", actor=Actor.SYSTEM, session=session)
 
 
+_RECORD_DELTA_SQL = (
+    f"UPDATE {Run._meta.db_table} SET reply = %s, stream_seq = stream_seq + 1 "
+    f"WHERE id = %s AND state IN (%s, %s) RETURNING stream_seq"
+)
+
+
 def record_delta(run_pk: int, text: str) -> int | None:
-    """Store the accumulated text of an active run; return the delta's seq, or None if ended."""
-    with transaction.atomic():
-        updated = Run.objects.filter(pk=run_pk, state__in=ACTIVE_STATES).update(
-            reply=text, stream_seq=F("stream_seq") + 1
-        )
-        if not updated:
-            return None
-        return Run.objects.filter(pk=run_pk).values_list("stream_seq", flat=True).get()
+    """Store the accumulated text of an active run; return the delta's seq, or None if ended.
+
+    One statement (compare-and-set plus RETURNING; SQLite >= 3.35 and PostgreSQL): this
+    is the hot path of every streaming run.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(_RECORD_DELTA_SQL, [text, run_pk, *ACTIVE_STATES])
+        row = cursor.fetchone()
+    return None if row is None else int(row[0])
 
 
 def finish_run(

@@ -47,12 +47,19 @@ def stuck_sessions(live: set[str] | None = None) -> QuerySet[ChatSession]:
     # Each branch starts from a selective index (open runs by state, status), never
     # from the ~all sessions whose active_run is NULL.
     queued = Run.objects.filter(state=RunState.QUEUED).values("session_id")
+    # the slot points at a run that already ended: nothing will ever release it
+    # (a subquery, so the few rows with a slot are found through the active_run index)
+    ended_slots = (
+        ChatSession.objects.filter(active_run__gt=0).exclude(active_run__state__in=ACTIVE_STATES).values("pk")
+    )
     return ChatSession.objects.filter(
         Q(pk__in=stuck_runs(live).values("session_id"))
         | Q(pk__in=queued, active_run__isnull=True)
         # Spelt NOT (... IS NOT NULL): SQLite would otherwise walk the unique active_run
         # index for IS NULL (it expects one row there; nearly every session matches).
         | (Q(status=SessionStatus.RUNNING) & ~Q(active_run__isnull=False))
+        # the slot points at a run that already ended: nothing will ever release it
+        | Q(pk__in=ended_slots)
     )
 
 

@@ -63,6 +63,10 @@ def planted(db: None) -> dict[str, ChatSession]:
     Run.objects.filter(pk=first.pk).update(state=RunState.DONE)
     sessions["queued_orphan"] = opsdata.session_of(first)
 
+    run = opsdata.own(opsdata.send(owner, "ended-slot", "r-slot"), opsdata.LIVE_PROCESS)
+    Run.objects.filter(pk=run.pk).update(state=RunState.DONE)  # planted: the slot holds an ended run
+    sessions["ended_slot"] = opsdata.session_of(run)
+
     run = opsdata.finish(opsdata.send(other, "running-row", "r-row"))
     ChatSession.objects.filter(pk=run.session_id).update(status=SessionStatus.RUNNING)
     sessions["running_row"] = opsdata.session_of(run)
@@ -80,7 +84,7 @@ def planted(db: None) -> dict[str, ChatSession]:
     return sessions
 
 
-STUCK = {"dead_owner", "too_long", "unowned", "queued_orphan", "running_row"}
+STUCK = {"dead_owner", "too_long", "unowned", "queued_orphan", "running_row", "ended_slot"}
 
 
 @override_settings(GATEWAY_STUCK_RUN_SECONDS=3600)
@@ -121,7 +125,7 @@ def test_search(admin_client: Client, planted: dict[str, Any], term: str, expect
 def test_counts_at_the_top(admin_client: Client, planted: dict[str, Any]) -> None:
     res = admin_client.get(reverse(CHANGELIST))
     counts = {label: number for label, number, _url in res.context["agentgate_counts"]}
-    running = ChatSession.objects.filter(active_run__isnull=False).count()
+    running = ChatSession.objects.filter(active_run__state__in=["dispatching", "running"]).count()
     assert counts == {"running": running, "stuck": len(STUCK), "failed (24 h)": 1, "live processes": 1}
     html = res.content.decode()
     assert 'id="agentgate-counts"' in html and "?stuck=yes" in html and "?failed=24h" in html
@@ -405,3 +409,34 @@ async def test_admin_action_reaches_connected_clients(
             assert row.get("deleted") is True
     finally:
         await client.close()
+
+
+def test_runs_cannot_be_deleted_one_by_one(admin_client: Client, db: None) -> None:
+    """A bare run delete would strand its session; only session delete / abort are offered."""
+    owner = opsdata.user("erin")
+    run = opsdata.own(opsdata.send(owner, "busy", "r-busy"), opsdata.LIVE_PROCESS)
+    changelist = admin_client.get(reverse("admin:sessions_app_run_changelist"))
+    assert "delete_selected" not in changelist.content.decode()
+    res = admin_client.post(reverse("admin:sessions_app_run_changelist"),
+                            {"action": "delete_selected", "_selected_action": [run.pk], "post": "yes"})
+    assert Run.objects.filter(pk=run.pk).exists()
+    assert res.status_code in (HTTPStatus.OK, HTTPStatus.FOUND)
+    delete_page = admin_client.post(reverse("admin:sessions_app_run_delete", args=[run.pk]), {"post": "yes"})
+    assert delete_page.status_code == HTTPStatus.FORBIDDEN
+    assert Run.objects.get(pk=run.pk).state in ("dispatching", "running")
+
+
+def test_staff_can_only_mint_tokens_for_themselves(db: None) -> None:
+    from django.contrib.auth.models import Permission
+
+    client = Client()
+    staff = get_user_model().objects.create_user("sam", password="pw-12345678", is_staff=True)
+    staff.user_permissions.add(*Permission.objects.filter(codename__in=["add_apitoken", "view_apitoken"]))
+    root = get_user_model().objects.create_superuser("root", password="pw-12345678")
+    client.force_login(staff)
+    add_url = reverse("admin:sessions_app_apitoken_add")
+    res = client.post(add_url, {"user": root.pk, "name": "stolen"})
+    assert res.status_code == HTTPStatus.OK and "Select a valid choice" in res.content.decode()
+    assert not ApiToken.objects.filter(user=root).exists()
+    res = client.post(add_url, {"user": staff.pk, "name": "mine"})
+    assert res.status_code == HTTPStatus.OK and ApiToken.objects.filter(user=staff, name="mine").exists()

@@ -120,7 +120,7 @@ async def test_metrics_count_acks_latency_runs_and_sockets(alice: tuple[Any, str
     assert delta("agentgate_chat_send_seconds_count", method="chat.send") == 3
     assert delta("agentgate_runs_ended_total", state="done", error_kind="") == 1
     assert delta("agentgate_run_duration_seconds_count", state="done") == 1
-    assert after[("agentgate_connected_sockets", ())] == 1
+    assert delta("agentgate_connected_sockets") == 1  # other tests of this process may hold sockets
 
 
 async def test_healthz_under_the_async_client() -> None:

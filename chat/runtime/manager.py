@@ -21,10 +21,10 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
 
+from chat.db import db_sync_to_async
 from sessions_app import lifecycle, process
 from sessions_app.models import ACTIVE_STATES, Message, Run, RunState
 
@@ -68,7 +68,7 @@ class RunManager:
         self.accepting = True
         self.stopping = False
         process.set_current(self.server_id)
-        await database_sync_to_async(process.register)(self.server_id)
+        await db_sync_to_async(process.register)(self.server_id)
         self.background = [
             asyncio.ensure_future(self._heartbeat_loop()),
             asyncio.ensure_future(self._reconcile_loop()),
@@ -146,7 +146,7 @@ class RunManager:
         started = self.cancel_started.pop(run_pk, None)
         if started is not None and self.loop is not None:
             elapsed = int((time.monotonic() - started) * 1000)
-            task = asyncio.ensure_future(database_sync_to_async(lifecycle.record_cancel_ms)(run_pk, elapsed))
+            task = asyncio.ensure_future(db_sync_to_async(lifecycle.record_cancel_ms)(run_pk, elapsed))
             self.bookkeeping.add(task)
             task.add_done_callback(self.bookkeeping.discard)
 
@@ -159,7 +159,7 @@ class RunManager:
         deadline = time.monotonic() + timeout
         try:
             while True:
-                run = await database_sync_to_async(lifecycle.get_run)(run_pk)
+                run = await db_sync_to_async(lifecycle.get_run)(run_pk)
                 if run is None or run.is_terminal:
                     return run
                 remaining = deadline - time.monotonic()
@@ -175,10 +175,10 @@ class RunManager:
     # --- execution -------------------------------------------------------------------------------
 
     async def _execute(self, run_pk: int) -> None:
-        run = await database_sync_to_async(lifecycle.get_run)(run_pk)
+        run = await db_sync_to_async(lifecycle.get_run)(run_pk)
         if run is None or run.state != RunState.DISPATCHING:
             return
-        ctx = await database_sync_to_async(_context_for)(run)
+        ctx = await db_sync_to_async(_context_for)(run)
         backend = get_backend(run.session.agent_id)
         text = ""
         try:
@@ -186,7 +186,7 @@ class RunManager:
                 if backend is None:
                     raise DispatchError(f"agent {run.session.agent_id!r} has no usable backend")
                 stream = await backend.start(ctx)
-                if not await database_sync_to_async(lifecycle.mark_running)(run_pk):
+                if not await db_sync_to_async(lifecycle.mark_running)(run_pk):
                     await _aclose(stream)
                     return  # an abort owns the run: the backend never streams
                 text = await self._pump(run, stream)
@@ -248,7 +248,7 @@ class RunManager:
         raise asyncio.CancelledError()  # ended elsewhere while streaming
 
     async def _flush(self, run: Run, owner: int, key: str, gen: str, text: str, sent: str) -> bool:
-        seq = await database_sync_to_async(lifecycle.record_delta)(run.pk, text)
+        seq = await db_sync_to_async(lifecycle.record_delta)(run.pk, text)
         if seq is None:
             return False  # the run ended: no delta may follow its terminal event
         payload = protocol.delta_payload(run.run_id, key, gen, seq, text[len(sent):], text, delivery.now_ms())
@@ -256,7 +256,7 @@ class RunManager:
         return True
 
     async def _finish(self, run_pk: int, state: str, **kwargs: Any) -> None:
-        await database_sync_to_async(lifecycle.finish_run)(run_pk, state, **kwargs)
+        await db_sync_to_async(lifecycle.finish_run)(run_pk, state, **kwargs)
 
     # --- background loops ------------------------------------------------------------------------
 
@@ -266,10 +266,10 @@ class RunManager:
         while not self.stopping:
             await asyncio.sleep(settings.GATEWAY_HEARTBEAT_SECONDS)
             try:
-                await database_sync_to_async(process.heartbeat)(self.server_id)
-                await database_sync_to_async(recovery.sweep)(self.server_id)
-                for pk in await database_sync_to_async(process.unowned_active_runs)():
-                    if self.accepting and await database_sync_to_async(lifecycle.claim_run)(pk, self.server_id):
+                await db_sync_to_async(process.heartbeat)(self.server_id)
+                await db_sync_to_async(recovery.sweep)(self.server_id)
+                for pk in await db_sync_to_async(process.unowned_active_runs)():
+                    if self.accepting and await db_sync_to_async(lifecycle.claim_run)(pk, self.server_id):
                         self.submit(pk)
             except Exception:
                 log.exception("heartbeat/recovery sweep failed")
@@ -281,7 +281,7 @@ class RunManager:
             if not self.tasks:
                 continue
             try:
-                ended = await database_sync_to_async(_ended_runs)(list(self.tasks))
+                ended = await db_sync_to_async(_ended_runs)(list(self.tasks))
                 for pk in ended:
                     self.cancel(pk)
             except Exception:
@@ -323,10 +323,10 @@ class RunManager:
         deadline = time.monotonic() + drain_seconds
         while self.tasks and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
-        await database_sync_to_async(lifecycle.interrupt_runs_of_process)(
+        await db_sync_to_async(lifecycle.interrupt_runs_of_process)(
             self.server_id, actor="system", message="gateway process shut down before the run finished"
         )
-        await database_sync_to_async(process.mark_stopped)(self.server_id)
+        await db_sync_to_async(process.mark_stopped)(self.server_id)
         for consumer in list(self.consumers):
             with contextlib.suppress(Exception):
                 # Deliver the interruptions from the database before closing: the layer
@@ -344,7 +344,7 @@ async def _aclose(stream: Any) -> None:
 
 
 async def _stored_reply(run_pk: int) -> str | None:
-    run = await database_sync_to_async(lifecycle.get_run)(run_pk)
+    run = await db_sync_to_async(lifecycle.get_run)(run_pk)
     return run.reply if run is not None else None
 
 

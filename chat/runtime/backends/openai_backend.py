@@ -37,7 +37,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import openai
-from channels.db import database_sync_to_async
+
+from chat.db import db_sync_to_async
 
 from .base import AgentBackend, BackendError, BackendTimeout, DispatchError, RunContext
 
@@ -577,7 +578,7 @@ class _Call:
         from sessions_app import lifecycle  # a model-layer import, kept out of module import time
 
         with contextlib.suppress(Exception):
-            await database_sync_to_async(lifecycle.record_cancel_ms)(self.ctx.run_pk, elapsed)
+            await db_sync_to_async(lifecycle.record_cancel_ms)(self.ctx.run_pk, elapsed)
 
     async def _close_response(self) -> None:
         response, self.response = self.response, None
