@@ -650,7 +650,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
     def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
         if db_field.name == "user" and not request.user.is_superuser:
             # A token acts as its user: only superusers may mint one for someone else.
-            kwargs["queryset"] = get_user_model().objects.filter(pk=request.user.pk)
+            kwargs["queryset"] = get_user_model().objects.filter(pk=request.user.pk or 0)
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
     def get_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> Any:

@@ -50,8 +50,14 @@ const els = {
   dialogConfirm: $('[data-testid="dialog-confirm"]'),
 };
 
+/** The session key in the URL hash; null when there is none or it is malformed (e.g. `#100%`). */
 function keyFromHash() {
-  const raw = decodeURIComponent(location.hash.replace(/^#/, ""));
+  let raw;
+  try {
+    raw = decodeURIComponent(location.hash.replace(/^#/, ""));
+  } catch {
+    return null; // not valid percent-encoding: the default session opens instead
+  }
   return raw ? canonicalKey(raw) : null;
 }
 
@@ -376,14 +382,25 @@ els.dialogInput.addEventListener("keydown", (ev) => {
 
 // --- sidebar (phone) ------------------------------------------------------------------------------------------
 
+// At phone width the closed sidebar is visibility:hidden (app.css), so it takes no keyboard focus.
+// Opening it moves focus into it; closing it gives focus back to the toggle.
+
+function sidebarIsOpen() {
+  return document.body.classList.contains("sidebar-open");
+}
+
 function openSidebar() {
   document.body.classList.add("sidebar-open");
   els.sidebarToggle.setAttribute("aria-expanded", "true");
+  const current = els.sessionList.querySelector('[aria-current="true"]');
+  (current || els.newSession).focus();
 }
 
 function closeSidebar() {
+  if (!sidebarIsOpen()) return;
   document.body.classList.remove("sidebar-open");
   els.sidebarToggle.setAttribute("aria-expanded", "false");
+  if (getComputedStyle(els.sidebarToggle).display !== "none") els.sidebarToggle.focus();
 }
 
 // --- rendering --------------------------------------------------------------------------------------------------
@@ -516,6 +533,7 @@ function metaFor(item) {
     case "queued":
       return { text: item.position ? `Queued · #${item.position}` : "Queued", cancel: true };
     case "error":
+      if (item.unconfirmed) return { text: item.error };
       return { text: item.role === "user" ? `Not sent: ${item.error}` : `Error: ${item.error}` };
     case "aborted":
       return { text: item.meta || "Stopped" };
@@ -682,16 +700,18 @@ els.messages.addEventListener(
   { passive: true },
 );
 els.sidebarToggle.addEventListener("click", () => {
-  if (document.body.classList.contains("sidebar-open")) closeSidebar();
+  if (sidebarIsOpen()) closeSidebar();
   else openSidebar();
 });
 els.backdrop.addEventListener("click", closeSidebar);
 document.addEventListener("keydown", (ev) => {
-  if (ev.key === "Escape" && document.body.classList.contains("sidebar-open")) closeSidebar();
+  if (ev.key === "Escape" && sidebarIsOpen()) closeSidebar();
 });
 window.addEventListener("hashchange", () => {
-  const key = keyFromHash();
-  if (key && key !== state.currentKey) selectSession(key);
+  // A hash that names no valid session (or is malformed) opens the default one.
+  const key = keyFromHash() || state.mainKey;
+  if (key !== state.currentKey) selectSession(key);
+  else scheduleRender(); // puts the open session's key back in the URL
 });
 window.addEventListener("online", () => client.reconnectNow());
 

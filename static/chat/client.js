@@ -63,7 +63,10 @@ export class GatewayClient {
 
   /** Reconnect now (e.g. the browser came back online) instead of waiting for the backoff. */
   reconnectNow() {
-    if (this.stopped || this.ready || (this.ws && this.ws.readyState === 0)) return;
+    // Nothing to do while an attempt is under way: connecting, or open and handshaking (the
+    // watchdog drops a handshake that hangs). Opening a second socket would leave this one open.
+    if (this.stopped || this.ready) return;
+    if (this.ws && (this.ws.readyState === 0 || this.ws.readyState === 1)) return;
     clearTimeout(this.retryTimer);
     this._open();
   }

@@ -121,9 +121,24 @@ function effect(s, eff) {
   s.effects.push(eff);
 }
 
+/** Does the loaded conversation of `key` hold a message (the user's or a reply) of run `runId`? */
+function inTranscript(s, key, runId) {
+  const conv = s.convs[key];
+  return Boolean(conv) && conv.messages.some((m) => m && m.runId === runId);
+}
+
+/** The inline command a message is (§4: the whole message after trimming), or null. */
+export function inlineCommand(text) {
+  if (typeof text !== "string") return null;
+  const t = text.trim();
+  return t === "/stop" || t === "/new" || t === "/reset" ? t : null;
+}
+
 function restoreDraft(s, run) {
   // A send that ended in error or timeout before any reply gives the text back (never over new typing).
+  // Not when the transcript already holds the run: the message was delivered, whatever the ack says.
   if (!run.own || run.draftRestored || run.text || run.userText == null) return run;
+  if (inTranscript(s, run.key, run.id)) return { ...run, draftRestored: true };
   if (!s.drafts[run.key]) {
     s.drafts = { ...s.drafts, [run.key]: run.userText };
     effect(s, { type: "draft", key: run.key });
@@ -186,11 +201,21 @@ function onAck(s, { key, runId, response }) {
     case "timeout":
     case "error": {
       r.ackTick = s.tick;
+      // A terminal ack is followed only by a history refresh: no event for this run comes (§4).
+      if (key === s.currentKey) effect(s, { type: "history", key });
       if (r.settledBy === "event") {
         putRun(s, r);
         return;
       }
       const stop = payload.stopReason || null;
+      if (inTranscript(s, key, r.id)) {
+        // Delivered after all (a resend after a dropped socket): the transcript has the message and
+        // whatever reply there was. Nothing goes back to the composer; the failure shows on the reply.
+        if (status === "timeout" && stop && stop !== "timeout") {
+          settle(s, r, "aborted", { stopReason: stop, rejected: false }, "ack");
+          return;
+        }
+      }
       let message = payload.summary;
       if (!message) {
         message =
@@ -200,13 +225,13 @@ function onAck(s, { key, runId, response }) {
               ? "The run timed out."
               : `The run ended before it completed (${stop || "aborted"}).`;
       }
-      const rejected = !r.text && r.seq === 0;
+      const rejected = !r.text && r.seq === 0 && !inTranscript(s, key, r.id);
       settle(s, r, "error", { error: message, errorKind: status, stopReason: stop, rejected }, "ack");
       return;
     }
     default:
       // An unknown status is not a reason to spin: end the run and say so.
-      settle(s, r, "error", { error: `Unexpected acknowledgement: ${status}`, rejected: !r.text }, "ack");
+      settle(s, r, "error", { error: `Unexpected acknowledgement: ${status}`, rejected: !r.text && !inTranscript(s, key, r.id) }, "ack");
   }
 }
 
@@ -242,7 +267,7 @@ function onChat(s, p) {
   if (seq && seq <= run.seq) return; // a duplicate or an old event
   // A run whose very first event is its error never reached dispatch (failed at admission):
   // its message is not in the transcript, so the failure shows on the user's message.
-  const neverStarted = run.seq === 0 && seq === 1 && !run.text;
+  const neverStarted = run.seq === 0 && seq === 1 && !run.text && !inTranscript(s, key, run.id);
   let r = { ...run, seq: seq || run.seq };
   if (p.sessionId) r.sessionId = p.sessionId;
   if (r.ackTick === null) r.ackTick = s.tick;
@@ -602,7 +627,25 @@ export function reduce(state, action) {
     case "send/unsent": {
       // The request never got an answer (the socket closed): it goes out again on the next connection.
       const run = s.runs[runKey(action.key, action.runId)];
-      if (run && run.phase === "sending") putRun(s, { ...run, sentGen: null });
+      if (!run || run.phase !== "sending") return s;
+      const command = inlineCommand(run.userText);
+      if (command && run.sentGen !== null) {
+        // Commands are not deduplicated by key: a resent /stop could stop a run started since.
+        // It may or may not have been carried out, so it is not sent again; the page says so.
+        settle(
+          s,
+          { ...run, draftRestored: true },
+          "error",
+          {
+            error: `The connection dropped before ${command} was confirmed, so it was not sent again. Check the conversation; send it again if it is still needed.`,
+            errorKind: "unconfirmed",
+            rejected: true,
+          },
+          "ack",
+        );
+        return s;
+      }
+      putRun(s, { ...run, sentGen: null });
       return s;
     }
     case "notice":
@@ -730,7 +773,9 @@ function userFromRun(run) {
   const base = { id: `u:${run.id}`, role: "user", runId: run.id, text: run.userText };
   if (run.phase === "sending") return { ...base, state: "sending" };
   if (run.phase === "queued") return { ...base, state: "queued", position: run.position };
-  if (run.phase === "error" && run.rejected) return { ...base, state: "error", error: run.error };
+  if (run.phase === "error" && run.rejected) {
+    return { ...base, state: "error", error: run.error, unconfirmed: run.errorKind === "unconfirmed" };
+  }
   return { ...base, state: "final" };
 }
 

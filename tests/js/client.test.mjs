@@ -118,3 +118,35 @@ test("an unauthorized handshake is fatal: no reconnect loop", async () => {
   assert.equal(sockets.length, 1);
   assert.ok(log.some((e) => e[0] === "fatal" && e[1] === "UNAUTHORIZED"));
 });
+
+test("reconnectNow during the handshake opens no second socket", async () => {
+  makeClient();
+  await tick(5);
+  assert.equal(sockets.length, 1);
+  assert.equal(sockets[0].readyState, 1, "open");
+  assert.equal(client.ready, false, "connect sent, hello not answered yet");
+  client.reconnectNow(); // the browser fired "online" mid-handshake
+  await tick(5);
+  assert.equal(sockets.length, 1, "no second socket while the first is handshaking");
+  assert.equal(sockets[0].closedWith, null, "the first socket is still the live one");
+  sockets[0].answer("connect", { protocol: 4 });
+  await tick();
+  assert.equal(client.ready, true);
+});
+
+test("reconnectNow while waiting out the backoff connects at once", async () => {
+  const log = makeClient({ backoff: { baseMs: 60_000, maxMs: 60_000 } });
+  await tick(5);
+  sockets[0].answer("connect", { protocol: 4 });
+  await tick();
+  sockets[0].close(1006);
+  await tick(5);
+  assert.ok(log.some((e) => e[0] === "closed"));
+  assert.equal(sockets.length, 1, "the backoff is long: no new socket yet");
+  client.reconnectNow();
+  assert.equal(sockets.length, 2, "connected at once");
+  await tick(5);
+  sockets[1].answer("connect", { protocol: 4 });
+  await tick();
+  assert.equal(client.ready, true);
+});
