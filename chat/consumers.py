@@ -37,6 +37,8 @@ from .runtime.manager import run_manager
 log = logging.getLogger(__name__)
 TERMINAL_CHAT_STATES = ("final", "error", "aborted")
 MAX_TRACKED_RUNS = 2000
+MAX_TRACKED_ROWS = 5000
+REPAIR_BATCH = 500
 
 
 @dataclass
@@ -67,8 +69,11 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         self.subscribed = False
         self.subscribed_all = False
         self.runs: OrderedDict[int, RunView] = OrderedDict()
-        self.rows: dict[int, dict[str, Any]] = {}
+        self.rows: OrderedDict[int, dict[str, Any]] = OrderedDict()
         self.row_watermark = timezone.now()
+        self.connected_at = timezone.now()
+        self.run_watermark = self.connected_at
+        self.held_acks = 0
         self.tokens = float(settings.GATEWAY_RATE_BURST)
         self.tokens_at = time.monotonic()
         self.tasks: set[asyncio.Task[Any]] = set()
@@ -131,6 +136,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             await self._reply_error(request.id, ProtocolError("INTERNAL", "internal error"))
             return
         if reply.wait is not None:
+            self.held_acks += 1
             self._spawn(self._send_held(request.id, reply))
             return
         await self._send_reply(request.id, reply)
@@ -143,6 +149,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             log.exception("held ack failed")
             await self._reply_error(rid, ProtocolError("INTERNAL", "internal error"))
             return
+        finally:
+            self.held_acks -= 1
         await self._send_reply(rid, final)
 
     async def _send_reply(self, rid: str, reply: methods.Reply) -> None:
@@ -289,6 +297,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         if view is None:
             view = RunView(payload["runId"], payload["sessionKey"], payload["sessionId"])
             self._remember(run_pk, view)
+        self.runs.move_to_end(run_pk)
         if view.terminal or seq <= view.seq:
             return
         view.seq = seq
@@ -307,6 +316,9 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         if known is not None and (row["version"] < known["version"] or known.get("deleted")):
             return
         self.rows[session_pk] = row
+        self.rows.move_to_end(session_pk)
+        while len(self.rows) > MAX_TRACKED_ROWS:
+            self.rows.popitem(last=False)
         await self.send_event("sessions.changed", payload)
 
     # --- repair (§9) ------------------------------------------------------------------------------------
@@ -325,13 +337,20 @@ class GatewayConsumer(AsyncWebsocketConsumer):
     async def repair(self) -> None:
         """Deliver, from the database, terminals and rows this connection missed."""
         open_runs = [pk for pk, view in self.runs.items() if not view.terminal]
-        since = self.row_watermark - timedelta(seconds=max(5.0, settings.GATEWAY_REPAIR_SECONDS * 2))
+        margin = timedelta(seconds=max(5.0, settings.GATEWAY_REPAIR_SECONDS * 2))  # commits land late
         scan_started = timezone.now()
         owner = None if self.subscribed_all else self.user_id
         known_sessions = list(self.rows) if self.subscribed else []
-        runs, rows, existing = await db_sync_to_async(_repair_snapshot)(
-            open_runs, owner, since if self.subscribed else None, known_sessions
+        snap = await db_sync_to_async(_repair_snapshot)(
+            # runs that ended before this connection existed are not its news
+            open_runs, owner, max(self.run_watermark - margin, self.connected_at),
+            self.row_watermark - margin if self.subscribed else None, known_sessions,
         )
+        runs, rows, existing = snap.runs, snap.rows, snap.existing
+        # Runs this connection never heard of (every event dropped) still get their terminal.
+        for pk, payload in snap.ended.items():
+            await self._deliver_chat(pk, payload)
+        self.run_watermark = snap.ended_until or scan_started
         for pk in open_runs:
             view = self.runs.get(pk)
             if view is None or view.terminal:
@@ -345,7 +364,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             elif stored["state"] in TERMINAL_STATES:
                 await self._deliver_chat(pk, stored["payload"])
         if self.subscribed:
-            self.row_watermark = scan_started
+            self.row_watermark = snap.rows_until or scan_started
             for session_pk, row in rows.items():
                 known = self.rows.get(session_pk)
                 if known is None or row["version"] > known["version"]:
@@ -396,24 +415,42 @@ def _scope_user(scope: Any) -> Any:
     return user if getattr(user, "is_authenticated", False) and user.is_active else None
 
 
+@dataclass
+class RepairSnapshot:
+    runs: dict[int, dict[str, Any]]  # the known open runs, by pk: state (+ terminal payload)
+    ended: dict[int, dict[str, Any]]  # terminal payloads of the owner's runs that ended lately
+    ended_until: Any  # where the next run scan starts (set when the batch was full)
+    rows: dict[int, dict[str, Any]]
+    rows_until: Any
+    existing: set[int]
+
+
 def _repair_snapshot(
-    run_pks: list[int], owner_id: int | None, rows_since: Any, known_sessions: list[int]
-) -> tuple[dict[int, dict[str, Any]], dict[int, dict[str, Any]], set[int]]:
+    run_pks: list[int], owner_id: int | None, runs_since: Any, rows_since: Any, known_sessions: list[int]
+) -> RepairSnapshot:
     from sessions_app.models import Run
 
-    runs: dict[int, dict[str, Any]] = {}
+    snap = RepairSnapshot({}, {}, None, {}, None, set())
     if run_pks:
         for run in Run.objects.select_related("session").filter(pk__in=run_pks):
             entry: dict[str, Any] = {"state": run.state}
             if run.state in TERMINAL_STATES:
                 entry["payload"] = protocol.chat_payload_for_run(run, run.session.key)
-            runs[run.pk] = entry
-    rows: dict[int, dict[str, Any]] = {}
-    existing: set[int] = set()
+            snap.runs[run.pk] = entry
+    ended = Run.objects.select_related("session").filter(ended_at__gte=runs_since).order_by("ended_at")
+    if owner_id is not None:
+        ended = ended.filter(session__owner_id=owner_id)
+    batch = list(ended[:REPAIR_BATCH])
+    snap.ended = {run.pk: protocol.chat_payload_for_run(run, run.session.key) for run in batch}
+    if len(batch) == REPAIR_BATCH:
+        snap.ended_until = batch[-1].ended_at
     if rows_since is not None:
-        changed = list(selectors.owner_sessions(owner_id).filter(updated_at__gte=rows_since).order_by("id")[:500])
+        changed = list(selectors.owner_sessions(owner_id).filter(updated_at__gte=rows_since).order_by("updated_at")
+                       [:REPAIR_BATCH])
         for session, row in zip(changed, selectors.session_rows(changed), strict=True):
-            rows[session.pk] = row
+            snap.rows[session.pk] = row
+        if len(changed) == REPAIR_BATCH:
+            snap.rows_until = changed[-1].updated_at
         if known_sessions:
-            existing = set(ChatSession.objects.filter(pk__in=known_sessions).values_list("pk", flat=True))
-    return runs, rows, existing
+            snap.existing = set(ChatSession.objects.filter(pk__in=known_sessions).values_list("pk", flat=True))
+    return snap

@@ -53,7 +53,13 @@ def group_send_all(owner_id: int, message: dict[str, Any]) -> None:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        async_to_sync(agroup_send_all)(owner_id, message)
+        try:
+            async_to_sync(agroup_send_all)(owner_id, message)
+        except (Exception, asyncio.CancelledError):
+            # The caller's task was cancelled (a client went away) or the layer failed:
+            # the change is committed, the repair loop delivers it; the remaining
+            # on-commit callbacks of the transaction must still run.
+            log.warning("broadcast to owner %s not sent", owner_id, exc_info=True)
         return
     # Called on an event-loop thread (never from the lifecycle service): schedule it.
     task = asyncio.ensure_future(agroup_send_all(owner_id, message))
@@ -70,7 +76,11 @@ def send_row(owner_id: int, session_pk: int, reason: str, run_id: str | None,
     """Broadcast sessions.changed built from committed state (or the deleted row)."""
     from sessions_app.selectors import session_row
 
-    row = session_row(session_pk) or fallback_row
+    try:
+        row = session_row(session_pk) or fallback_row
+    except Exception:
+        log.warning("row %s not read for broadcast", session_pk, exc_info=True)
+        return
     if row is None:
         return
     group_send_all(owner_id, session_message(owner_id, session_pk, reason, row, run_id))

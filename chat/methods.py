@@ -25,6 +25,7 @@ class Conn(Protocol):
 
     user_id: int
     is_admin: bool
+    held_acks: int
 
     def track_run(self, run_pk: int, *, terminal: bool, run_id: str, session_key: str, session_id: str) -> None: ...
     def set_subscription(self, subscribed: bool, *, all_sessions: bool = False) -> None: ...
@@ -127,6 +128,11 @@ async def _send(conn: Conn, params: dict[str, Any], *, steer: bool) -> Reply:
         return await _command(conn, send, command)
     if not run_manager.accepting:
         raise ProtocolError("UNAVAILABLE", "server is shutting down", retryable=True, retry_after_ms=1000)
+    if send.wait_ms > 0 and conn.held_acks >= settings.GATEWAY_MAX_HELD_ACKS:
+        raise ProtocolError(
+            "RATE_LIMITED", f"at most {settings.GATEWAY_MAX_HELD_ACKS} acks may be held by waitMs at once",
+            field="waitMs", reason="too-many-held-acks", retryable=True, retry_after_ms=1000,
+        )
     backend = get_backend(send.agent_id)
     setup_error = (
         f"agent {send.agent_id!r} has no usable backend" if backend is None
@@ -144,10 +150,20 @@ async def _send(conn: Conn, params: dict[str, Any], *, steer: bool) -> Reply:
 
         async def held() -> Reply:
             run = await run_manager.wait_terminal(run_pk, send.wait_ms / 1000)
-            if run is None or not run.is_terminal:
-                return reply
-            final = SendOutcome(lifecycle.replay_status(run), run, outcome.session)
-            return _ack_reply(conn, final, send)
+            if run is None:
+                # Gone with its deleted session: that ended it (aborted, stopReason delete).
+                conn.track_run(run_pk, terminal=True, run_id=send.run_id, session_key=outcome.session.key,
+                               session_id=str(outcome.session.session_id))
+                return Reply(protocol.ack_payload(None, "timeout", outcome.session.key,
+                                                  str(outcome.session.session_id), runId=send.run_id,
+                                                  stopReason="delete"))
+            # Rebuilt from the run as it is now: a terminal ack once it has ended, a
+            # fresh queue position while it waits.
+            status = lifecycle.replay_status(run)
+            if status == "in_flight" and outcome.status != "in_flight":
+                status = "queued" if run.state == RunState.QUEUED else "started"
+            position = await db_sync_to_async(lifecycle.queue_position)(run) if status != "started" else None
+            return _ack_reply(conn, SendOutcome(status, run, outcome.session, position), send)
 
         return Reply(wait=held)
     return reply

@@ -19,7 +19,17 @@ environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
 # --- Core Django -------------------------------------------------------------
 DEBUG = env.bool("DEBUG", default=False)
-SECRET_KEY = env.str("SECRET_KEY", default="dev-insecure-change-me-agentgate-0000000000000000000000")
+SECRET_KEY = env.str("SECRET_KEY", default="")
+if not SECRET_KEY:
+    # No built-in key: generate one on first start and keep it beside the project
+    # (sessions survive restarts; nothing secret is ever in the repository).
+    _key_file = Path(env.str("SECRET_KEY_FILE", default=str(BASE_DIR / ".secret_key")))
+    if not _key_file.exists():
+        import secrets as _secrets
+
+        _key_file.write_text(_secrets.token_urlsafe(50))
+        _key_file.chmod(0o600)
+    SECRET_KEY = _key_file.read_text().strip()
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 
@@ -85,7 +95,7 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env.b
     # A pool hands each call a warm connection (Django requires CONN_MAX_AGE 0 with it).
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": env.int("DB_POOL_MIN", default=1),
-        "max_size": env.int("DB_POOL_MAX", default=20),
+        "max_size": env.int("DB_POOL_MAX", default=12),
         "timeout": env.float("DB_POOL_TIMEOUT_SECONDS", default=30.0),
     }
     DATABASES["default"]["CONN_MAX_AGE"] = 0
@@ -158,6 +168,8 @@ GATEWAY_HEARTBEAT_SECONDS = env.float("GATEWAY_HEARTBEAT_SECONDS", default=5.0)
 GATEWAY_DELTA_INTERVAL_MS = env.int("GATEWAY_DELTA_INTERVAL_MS", default=50)
 GATEWAY_SHUTDOWN_DRAIN_SECONDS = env.float("GATEWAY_SHUTDOWN_DRAIN_SECONDS", default=5.0)
 GATEWAY_STUCK_RUN_SECONDS = env.int("GATEWAY_STUCK_RUN_SECONDS", default=3600)
+GATEWAY_DB_THREADS = env.int("GATEWAY_DB_THREADS", default=8)
+GATEWAY_MAX_HELD_ACKS = env.int("GATEWAY_MAX_HELD_ACKS", default=16)
 
 # Agent table: id -> {backend, model, ...}. GATEWAY_AGENTS is JSON and is merged
 # over the default, so `main` stays the scripted demo agent unless overridden.

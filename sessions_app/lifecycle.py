@@ -132,7 +132,7 @@ def _get_or_create_session(owner_id: int, key: str, agent_id: str, actor: str) -
         return ChatSession.objects.select_for_update().get(owner_id=owner_id, key=key)
     signals.session_changed.send(
         sender=ChatSession, session=session, reason="create", actor=actor, deleted_row=None,
-        owner_id=owner_id, emit=False,
+        owner_id=owner_id, emit=True,
     )
     return session
 

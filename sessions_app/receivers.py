@@ -25,15 +25,17 @@ def record_run_transition(
         detail=run.error_message if to_state in TERMINAL_STATES else "",
     )
     owner_id = session.owner_id
-    if chat_payload is not None:
-        transaction.on_commit(partial(delivery.send_chat, owner_id, run.pk, chat_payload))
-    if row_changed:
-        transaction.on_commit(partial(delivery.send_row, owner_id, session.pk, reason, run.run_id))
+    # The runtime hooks go first and every callback is robust: a failed broadcast must
+    # never cost a run its worker (the repair loop re-sends what a broadcast lost).
     if to_state == "dispatching":
-        transaction.on_commit(partial(hooks.run_dispatching, run.pk, run.owner_process))
+        transaction.on_commit(partial(hooks.run_dispatching, run.pk, run.owner_process), robust=True)
     elif to_state in TERMINAL_STATES and from_state in ACTIVE_STATES:
-        transaction.on_commit(partial(hooks.run_ended, run.pk, run.owner_process))
-    transaction.on_commit(partial(hooks.run_changed, run.pk, to_state))
+        transaction.on_commit(partial(hooks.run_ended, run.pk, run.owner_process), robust=True)
+    transaction.on_commit(partial(hooks.run_changed, run.pk, to_state), robust=True)
+    if chat_payload is not None:
+        transaction.on_commit(partial(delivery.send_chat, owner_id, run.pk, chat_payload), robust=True)
+    if row_changed:
+        transaction.on_commit(partial(delivery.send_row, owner_id, session.pk, reason, run.run_id), robust=True)
 
 
 @receiver(session_changed)
@@ -46,4 +48,4 @@ def record_session_change(
     if deleted_row is None:
         LifecycleEvent.objects.create(session=session, reason=reason, actor=actor)
     if emit:
-        transaction.on_commit(partial(delivery.send_row, owner_id, session.pk, reason, None, deleted_row))
+        transaction.on_commit(partial(delivery.send_row, owner_id, session.pk, reason, None, deleted_row), robust=True)

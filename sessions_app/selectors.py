@@ -17,10 +17,12 @@ def ms(value: datetime | None) -> int | None:
     return None if value is None else int(value.timestamp() * 1000)
 
 
-def _row(session: ChatSession, open_runs: Sequence[Run], last_run: Run | None) -> dict[str, Any]:
-    active = [r.run_id for r in open_runs if r.state in ACTIVE_STATES]
+def _row(session: ChatSession, open_runs: Sequence[Run], run_ids: dict[int, str]) -> dict[str, Any]:
+    # `running`, `hasActiveRun` and `activeRunIds` come from the session row itself (its
+    # active_run slot), never from a second read that another commit could tear apart.
+    running = session.active_run_id is not None
+    active = [run_ids[session.active_run_id]] if running and session.active_run_id in run_ids else []
     queued = [r.run_id for r in sorted(open_runs, key=lambda r: (r.queue_seq, r.pk)) if r.state == RunState.QUEUED]
-    running = bool(active)
     started = session.started_at
     ended = None if running else session.ended_at
     runtime = None
@@ -37,7 +39,7 @@ def _row(session: ChatSession, open_runs: Sequence[Run], last_run: Run | None) -
         "hasActiveRun": running,
         "activeRunIds": active,
         "queuedRunIds": queued,
-        "lastRunId": last_run.run_id if last_run is not None else None,
+        "lastRunId": run_ids.get(session.last_run_id) if session.last_run_id else None,
         "startedAt": ms(started),
         "endedAt": ms(ended),
         "runtimeMs": runtime,
@@ -55,20 +57,16 @@ def session_rows(sessions: Sequence[ChatSession]) -> list[dict[str, Any]]:
         return []
     pks = [s.pk for s in sessions]
     open_by_session: dict[int, list[Run]] = defaultdict(list)
-    wanted_last = {s.last_run_id for s in sessions if s.last_run_id}
-    runs = Run.objects.filter(Q(session_id__in=pks, state__in=OPEN_STATES) | Q(pk__in=wanted_last)).only(
+    wanted = {pk for s in sessions for pk in (s.last_run_id, s.active_run_id) if pk}
+    runs = Run.objects.filter(Q(session_id__in=pks, state=RunState.QUEUED) | Q(pk__in=wanted)).only(
         "id", "run_id", "state", "queue_seq", "session_id"
     )
-    last_by_pk: dict[int, Run] = {}
+    run_ids: dict[int, str] = {}
     for run in runs:
-        if run.state in OPEN_STATES:
+        if run.state == RunState.QUEUED:
             open_by_session[run.session_id].append(run)
-        if run.pk in wanted_last:
-            last_by_pk[run.pk] = run
-    return [
-        _row(s, open_by_session.get(s.pk, []), last_by_pk.get(s.last_run_id) if s.last_run_id else None)
-        for s in sessions
-    ]
+        run_ids[run.pk] = run.run_id  # run ids never change: safe to read apart from the row
+    return [_row(s, open_by_session.get(s.pk, []), run_ids) for s in sessions]
 
 
 def session_row(session_pk: int) -> dict[str, Any] | None:

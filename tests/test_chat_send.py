@@ -79,8 +79,9 @@ async def test_fail_setup_is_error_ack_persisted_failed(client):
     res = await client.call("chat.send", send_params("main", "x [[fail:setup]]", "s"))
     assert res["ok"] is False and res["error"]["code"] == "UNAVAILABLE"
     assert res["payload"]["status"] == "error" and res["payload"]["summary"]
-    changed = await client.wait_event(lambda e: e["event"] == "sessions.changed")
-    assert changed["payload"]["reason"] == "chat.dispatch-error"
+    changed = await client.wait_event(
+        lambda e: e["event"] == "sessions.changed" and e["payload"]["reason"] == "chat.dispatch-error"
+    )
     assert changed["payload"]["session"]["status"] == "failed" and not changed["payload"]["session"]["hasActiveRun"]
     await client.drain(0.2)
     assert client.chat_events("s") == []  # a terminal ack: nothing for this run follows on this connection

@@ -101,7 +101,7 @@ async def test_abort_on_one_process_stops_run_on_the_other(cluster):
         await asyncio.gather(drain(a, 1.0), drain(b, 1.0))
         for c in (a, b):
             states = [p["state"] for p in (e["payload"] for e in c.events if e["event"] == "chat")
-                      if p["runId"] == "r1"]
+                      if p["runId"] == "r1" and p["sessionKey"] == f"agent:main:{key}"]
             assert states.count("aborted") == 1 and "final" not in states
 
 

@@ -5,6 +5,7 @@ They run on whatever thread committed; the manager hops onto its event loop.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from asgiref.sync import async_to_sync
@@ -34,7 +35,7 @@ def run_ended(run_pk: int, owner_process: str) -> None:
         return
     try:
         async_to_sync(layer.group_send)(groups.process_group(owner_process), {"type": "run.cancel", "run": run_pk})
-    except Exception:  # the owner's reconcile loop is the backstop
+    except (Exception, asyncio.CancelledError):  # the owner's reconcile loop is the backstop
         log.exception("could not route cancel of run %s to %s", run_pk, owner_process)
 
 

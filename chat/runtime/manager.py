@@ -42,6 +42,7 @@ class RunManager:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.cancel_started: dict[int, float] = {}
+        self.finishing: set[int] = set()
         self.waiters: dict[int, set[asyncio.Event]] = {}
         self.consumers: set[Any] = set()
         self.background: list[asyncio.Task[None]] = []
@@ -129,6 +130,8 @@ class RunManager:
 
     def cancel(self, run_pk: int) -> None:
         """The run ended elsewhere (abort, reset, timeout sweep): stop its work now."""
+        if run_pk in self.finishing:
+            return  # the task is ending the run itself (or lost the race to do so)
         task = self.tasks.get(run_pk)
         if task is not None and not task.done():
             self.cancel_started[run_pk] = time.monotonic()
@@ -168,18 +171,30 @@ class RunManager:
                 event.clear()
                 # The local notification is fast; the poll covers runs on other processes.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(event.wait(), min(remaining, 0.25))
+                    await asyncio.wait_for(event.wait(), min(remaining, 0.5))
         finally:
-            self.waiters.get(run_pk, set()).discard(event)
+            events = self.waiters.get(run_pk)
+            if events is not None:
+                events.discard(event)
+                if not events:
+                    del self.waiters[run_pk]
 
     # --- execution -------------------------------------------------------------------------------
 
     async def _execute(self, run_pk: int) -> None:
-        run = await db_sync_to_async(lifecycle.get_run)(run_pk)
-        if run is None or run.state != RunState.DISPATCHING:
+        try:
+            run = await db_sync_to_async(lifecycle.get_run)(run_pk)
+            if run is None or run.state != RunState.DISPATCHING:
+                return
+            ctx = await db_sync_to_async(_context_for)(run)
+            backend = get_backend(run.session.agent_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # Not even loaded: end it rather than leave the row `running` (§8).
+            log.exception("run %s could not be prepared", run_pk)
+            await self._finish(run_pk, RunState.FAILED, error_kind="unknown", error_message="internal error")
             return
-        ctx = await db_sync_to_async(_context_for)(run)
-        backend = get_backend(run.session.agent_id)
         text = ""
         try:
             async with asyncio.timeout(run.timeout_ms / 1000):
@@ -256,7 +271,26 @@ class RunManager:
         return True
 
     async def _finish(self, run_pk: int, state: str, **kwargs: Any) -> None:
-        await db_sync_to_async(lifecycle.finish_run)(run_pk, state, **kwargs)
+        """End the run from its own task: retried on database errors, never cut short.
+
+        While it runs the task is `finishing`: the run's own end (and the reconcile
+        loop) must not cancel it halfway through its on-commit broadcasts and the
+        hand-off to the next queued run.
+        """
+        self.finishing.add(run_pk)
+        try:
+            for attempt in range(5):
+                try:
+                    await asyncio.shield(db_sync_to_async(lifecycle.finish_run)(run_pk, state, **kwargs))
+                    return
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("ending run %s failed (attempt %d)", run_pk, attempt + 1)
+                    await asyncio.sleep(0.2 * 2**attempt)
+            # Still failing: the reconcile loop and the recovery sweep will end it.
+        finally:
+            self.finishing.discard(run_pk)
 
     # --- background loops ------------------------------------------------------------------------
 
@@ -275,15 +309,30 @@ class RunManager:
                 log.exception("heartbeat/recovery sweep failed")
 
     async def _reconcile_loop(self) -> None:
-        """Cancel local tasks whose run ended elsewhere (a dropped abort message)."""
+        """Make this process's tasks and the database agree, both ways.
+
+        - a local task whose run ended elsewhere (a dropped abort message) is cancelled;
+        - an active run owned by this process with no task (a lost hand-off, a task that
+          died) is executed if still dispatching, or ended failed/interrupted if it was
+          already running: nothing is left `running` with nothing behind it.
+        """
         while not self.stopping:
             await asyncio.sleep(settings.GATEWAY_REPAIR_SECONDS)
-            if not self.tasks:
-                continue
             try:
-                ended = await db_sync_to_async(_ended_runs)(list(self.tasks))
+                local = list(self.tasks)
+                ended, orphans = await db_sync_to_async(_reconcile_snapshot)(self.server_id, local)
                 for pk in ended:
                     self.cancel(pk)
+                for pk, state in orphans:
+                    if pk in self.tasks or pk in self.finishing:
+                        continue
+                    if state == RunState.DISPATCHING and self.accepting:
+                        self.submit(pk)
+                    else:
+                        await self._finish(
+                            pk, RunState.FAILED, error_kind="interrupted", reason="run.interrupted",
+                            error_message="the run lost its worker in this gateway process",
+                        )
             except Exception:
                 log.exception("reconcile failed")
 
@@ -348,9 +397,12 @@ async def _stored_reply(run_pk: int) -> str | None:
     return run.reply if run is not None else None
 
 
-def _ended_runs(pks: list[int]) -> list[int]:
-    active = set(Run.objects.filter(pk__in=pks, state__in=ACTIVE_STATES).values_list("pk", flat=True))
-    return [pk for pk in pks if pk not in active]
+def _reconcile_snapshot(server_id: str, local: list[int]) -> tuple[list[int], list[tuple[int, str]]]:
+    """(local runs that are no longer active, active runs of this process without a local task)."""
+    active = set(Run.objects.filter(pk__in=local, state__in=ACTIVE_STATES).values_list("pk", flat=True))
+    ended = [pk for pk in local if pk not in active]
+    mine = Run.objects.filter(owner_process=server_id, state__in=ACTIVE_STATES).exclude(pk__in=local)
+    return ended, list(mine.values_list("pk", "state"))
 
 
 def _context_for(run: Run) -> RunContext:

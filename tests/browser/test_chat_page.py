@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -175,6 +176,44 @@ def test_stop_ends_a_hanging_run(gateway_server: GatewayServer, open_page: Any, 
     expect(page.get_by_test_id("composer")).to_have_value("")  # a stopped run is not a failed send
 
 
+def test_a_command_whose_ack_was_lost_is_not_sent_again(
+    gateway_server: GatewayServer, open_page: Any, new_user: Callable[[], str]
+) -> None:
+    page = open_page(gateway_server, new_user())
+    sent: list[str] = []
+    drop = {"armed": True}
+
+    def route(ws: Any) -> None:
+        server = ws.connect_to_server()
+
+        def from_page(message: str | bytes) -> None:
+            frame = json.loads(message)
+            server.send(message)
+            if frame.get("method") != "chat.send":
+                return
+            sent.append(frame["params"]["message"])
+            if frame["params"]["message"] == "/stop" and drop["armed"]:
+                drop["armed"] = False
+                ws.close()  # the server got /stop; the page's socket drops before the ack
+
+        ws.on_message(from_page)
+
+    page.route_web_socket(re.compile(r"/ws/gateway$"), route)
+    page.reload()
+    expect(page.get_by_test_id("connection-status")).to_have_attribute("data-state", "online")
+    send(page, "think forever [[hang]]")
+    expect(page.get_by_test_id("stop")).to_be_visible()
+    send(page, "/stop")
+    unconfirmed = messages(page, "user", "error").filter(has_text="/stop")
+    expect(unconfirmed).to_contain_text("not sent again")
+    expect(page.get_by_test_id("connection-status")).to_have_attribute("data-state", "online")
+    expect(messages(page, "assistant", "aborted")).to_have_count(1)  # it did stop the run, as history shows
+    send(page, "after")
+    expect(messages(page, "assistant", "final")).to_have_text("echo: after")
+    assert sent.count("/stop") == 1, sent
+    expect(unconfirmed).to_have_count(1)
+
+
 def test_second_message_while_busy_is_queued_then_runs(
     gateway_server: GatewayServer, open_page: Any, new_user: Callable[[], str]
 ) -> None:
@@ -313,6 +352,47 @@ def test_phone_width_layout(gateway_server: GatewayServer, open_page: Any, new_u
     expect(messages(page, "assistant", "final")).to_have_text("echo: small screen")
     box = page.get_by_test_id("composer").bounding_box()
     assert box and box["x"] >= 0 and box["x"] + box["width"] <= 390
+
+
+def test_phone_width_sidebar_takes_focus_only_while_open(
+    gateway_server: GatewayServer, open_page: Any, new_user: Callable[[], str]
+) -> None:
+    page = open_page(gateway_server, new_user(), viewport={"width": 390, "height": 844})
+    toggle = page.get_by_test_id("toggle-sidebar")
+    new_session = page.get_by_test_id("new-session")
+    in_sidebar = "() => Boolean(document.activeElement && document.activeElement.closest('#sidebar'))"
+    expect(new_session).to_be_hidden()
+    toggle.focus()
+    for _ in range(4):
+        page.keyboard.press("Tab")
+        focused = page.evaluate("() => document.activeElement.dataset.testid || document.activeElement.tagName")
+        assert not page.evaluate(in_sidebar), f"Tab reached the closed sidebar ({focused})"
+    toggle.focus()
+    page.keyboard.press("Enter")
+    expect(new_session).to_be_visible()
+    expect(toggle).to_have_attribute("aria-expanded", "true")
+    assert page.evaluate(in_sidebar), "opening the sidebar moves focus into it"
+    page.keyboard.press("Escape")
+    expect(toggle).to_be_focused()
+    expect(toggle).to_have_attribute("aria-expanded", "false")
+    expect(new_session).to_be_hidden()
+
+
+def test_malformed_hash_falls_back_to_the_default_session(
+    gateway_server: GatewayServer, open_page: Any, new_user: Callable[[], str]
+) -> None:
+    page = open_page(gateway_server, new_user())
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.evaluate("() => { location.hash = '#100%'; }")  # not valid percent-encoding
+    expect(page).to_have_url(re.compile(f"#{MAIN}$"))
+    page.reload()
+    expect(page.get_by_test_id("connection-status")).to_have_attribute("data-state", "online")
+    expect(page.get_by_test_id("session-title")).to_have_text("main")
+    expect(page).to_have_url(re.compile(f"#{MAIN}$"))
+    assert errors == []
+    send(page, "still works")
+    expect(messages(page, "assistant", "final")).to_have_text("echo: still works")
 
 
 # --- restart ------------------------------------------------------------------------------------------

@@ -546,3 +546,83 @@ describe("sending while disconnected", () => {
     assert.deepEqual(outbox(s).map((r) => r.id), ["a", "b"]);
   });
 });
+
+// --- resends after a dropped socket ------------------------------------------------------------------
+
+/** The socket drops after `runId` went out, before its ack; the page connects again. */
+function dropAndReconnect(state, runId, key = KEY) {
+  let s = reduce(state, { type: "send/sent", key, runId, gen: state.conn.gen });
+  s = reduce(s, { type: "conn/closed", retryInMs: 300 });
+  s = reduce(s, { type: "send/unsent", key, runId });
+  return run(s, [{ type: "conn/open" }, { type: "conn/ready", hello: {} }]);
+}
+
+describe("resends after a dropped socket", () => {
+  test("a terminal ack for a resent message the transcript already holds gives no draft back", () => {
+    let s = dropAndReconnect(send(online(), "R", "hello there"), "R");
+    // History (read first) shows that R ran, streamed and was stopped from another tab meanwhile.
+    s = history(s, {
+      messages: [msg(1, "user", "hello there", "R"), msg(2, "assistant", "echo: hel", "R", { aborted: true })],
+      session: row({ version: 9, status: "killed", lastRunId: "R", abortedLastRun: true }),
+    });
+    s = reduce(s, { type: "send/sent", key: KEY, runId: "R", gen: s.conn.gen });
+    s = ack(s, "R", { status: "timeout", stopReason: "rpc" });
+    assert.equal(s.drafts[KEY] || "", "", "the message was delivered: nothing goes back to the composer");
+    assert.ok(!s.effects.some((e) => e.type === "draft"));
+    assert.equal(s.runs[`${KEY}|R`].rejected, false);
+    assert.deepEqual(
+      items(s).map((i) => [i.role, i.state, i.text]),
+      [["user", "final", "hello there"], ["assistant", "aborted", "echo: hel"]],
+    );
+    assert.equal(byRole(s, "assistant")[0].meta, "Stopped");
+    assert.ok(s.effects.some((e) => e.type === "history" && e.key === KEY), "the terminal ack is followed by a history refresh");
+    assert.equal(activity(s, KEY).active, false);
+  });
+
+  test("an error ack for a message the transcript holds fails the reply, not the send", () => {
+    let s = dropAndReconnect(send(online(), "R", "hi"), "R");
+    s = history(s, { messages: [msg(1, "user", "hi", "R")] });
+    s = ack(s, "R", { status: "error", summary: "backend down" }, { ok: false, error: { code: "UNAVAILABLE", message: "backend down" } });
+    assert.equal(s.drafts[KEY] || "", "");
+    assert.deepEqual(items(s).map((i) => [i.role, i.state]), [["user", "final"], ["assistant", "error"]]);
+    assert.match(byRole(s, "assistant")[0].error, /backend down/);
+  });
+
+  test("every terminal timeout or error ack asks for a history refresh", () => {
+    const t = ack(send(online(), "r1", "slow"), "r1", { status: "timeout", stopReason: "timeout" });
+    assert.ok(t.effects.some((e) => e.type === "history" && e.key === KEY));
+    let e = send(online(), "r2", "x");
+    e = events(e, [chat("r2", 1, "status", { phase: "dispatching" }), chat("r2", 2, "error", { errorMessage: "boom", errorKind: "backend" })]);
+    e = ack(e, "r2", { status: "error", summary: "boom" }, { ok: false, error: { code: "UNAVAILABLE", message: "boom" } });
+    assert.ok(e.effects.some((x) => x.type === "history" && x.key === KEY), "also when the terminal event came first");
+  });
+
+  test("an inline command whose ack was lost is not sent again; it shows as unconfirmed", () => {
+    for (const text of ["/stop", " /new ", "/reset"]) {
+      let s = dropAndReconnect(send(online(), "c1", text), "c1");
+      assert.deepEqual(outbox(s), [], `${JSON.stringify(text)} is not resent after the reconnect`);
+      const [user] = byRole(s, "user");
+      assert.equal(user.state, "error");
+      assert.equal(user.unconfirmed, true);
+      assert.match(user.error, new RegExp(`${text.trim()} was confirmed|not sent again`));
+      assert.equal(activity(s, KEY).pending, false);
+      assert.equal(s.drafts[KEY] || "", "", "not put back in the composer: it may have been carried out");
+    }
+  });
+
+  test("an inline command made while offline still goes out once", () => {
+    let s = reduce(online(), { type: "conn/closed", retryInMs: 500 });
+    s = send(s, "c1", "/stop");
+    s = run(s, [{ type: "conn/open" }, { type: "conn/ready", hello: {} }]);
+    assert.deepEqual(outbox(s).map((r) => r.id), ["c1"]);
+    s = reduce(s, { type: "send/sent", key: KEY, runId: "c1", gen: s.conn.gen });
+    assert.deepEqual(outbox(s), []);
+    s = ack(s, "c1", { status: "ok", command: "/stop", aborted: false, runIds: [] });
+    assert.equal(items(s).length, 0);
+  });
+
+  test("a message that only looks like a command is resent as usual", () => {
+    const s = dropAndReconnect(send(online(), "r1", "/stop now"), "r1");
+    assert.deepEqual(outbox(s).map((r) => r.id), ["r1"]);
+  });
+});
