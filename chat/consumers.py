@@ -28,7 +28,7 @@ from django.utils import timezone
 from chat.db import db_sync_to_async
 from sessions_app import selectors
 from sessions_app.models import TERMINAL_STATES, ChatSession
-from sessions_app.tokens import authenticate_token
+from sessions_app.tokens import authenticate_token, hash_token, still_authorized
 
 from . import groups, methods, protocol
 from .protocol import ProtocolError, invalid
@@ -74,6 +74,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         self.connected_at = timezone.now()
         self.run_watermark = self.connected_at
         self.held_acks = 0
+        self.token_hash: str | None = None
         self.tokens = float(settings.GATEWAY_RATE_BURST)
         self.tokens_at = time.monotonic()
         self.tasks: set[asyncio.Task[Any]] = set()
@@ -226,6 +227,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
     async def _identify(self, token: Any) -> tuple[int, str, bool] | None:
         if token is not None:
             user = await db_sync_to_async(authenticate_token)(token if isinstance(token, str) else None)
+            self.token_hash = hash_token(token) if isinstance(token, str) else None
         else:
             user = await db_sync_to_async(_scope_user)(self.scope)
         if user is None:
@@ -395,6 +397,10 @@ class GatewayConsumer(AsyncWebsocketConsumer):
     async def _tick_loop(self) -> None:
         while True:
             await asyncio.sleep(settings.GATEWAY_TICK_INTERVAL_MS / 1000)
+            # A revoked token or a deactivated user ends open connections too, within a tick.
+            if not await db_sync_to_async(still_authorized)(self.user_id, self.token_hash):
+                await self.close(code=4008)
+                return
             await self.send_event("tick", {"ts": _now_ms()})
 
     def _spawn(self, coro: Any) -> None:

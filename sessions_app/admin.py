@@ -537,7 +537,7 @@ class ErrorKindFilter(admin.SimpleListFilter):
 class RunAdmin(RowAnnotationsMixin, admin.ModelAdmin):
     list_display = (
         "run_id", "session_link", "owner_name", "state", "owner_process", "created_at", "dispatched_at",
-        "ended_at", "duration", "error_kind", "stop_reason",
+        "ended_at", "duration", "error_kind", "stop_reason", "prompt_tokens", "completion_tokens",
     )
     list_filter = ("state", ErrorKindFilter)
     search_fields = ("=run_id",)  # enables the search box; the lookup itself is below

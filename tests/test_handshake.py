@@ -169,3 +169,16 @@ async def test_admin_scope_all_sees_other_users(make_user):
     assert len(set(zip(versions, reasons, strict=True))) == len(own_rows)
     await alice.close()
     await root.close()
+
+
+async def test_revoked_token_closes_open_connection(settings, alice):
+    from sessions_app.tokens import hash_token, revoke_token
+
+    settings.GATEWAY_TICK_INTERVAL_MS = 150
+    c = await open_client(alice[1], subscribe=False)
+    await c.wait_event(lambda e: e["event"] == "tick", 2)
+    prefix = alice[1][:12]
+    assert await database_sync_to_async(revoke_token)(prefix=prefix) == 1
+    await c.drain(1.0)
+    assert c.closed == 4008
+    assert hash_token(alice[1])  # the raw token is never stored, only its hash

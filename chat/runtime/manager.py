@@ -196,8 +196,10 @@ class RunManager:
             await self._finish(run_pk, RunState.FAILED, error_kind="unknown", error_message="internal error")
             return
         text = ""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + run.timeout_ms / 1000
         try:
-            async with asyncio.timeout(run.timeout_ms / 1000):
+            async with asyncio.timeout_at(deadline):
                 if backend is None:
                     raise DispatchError(f"agent {run.session.agent_id!r} has no usable backend")
                 stream = await backend.start(ctx)
@@ -212,10 +214,12 @@ class RunManager:
                 reason="chat.dispatch-error",
             )
         except TimeoutError:
+            # The backend's work was cancelled at the deadline and its stream closed on the
+            # way out: how long that took is the run's cancellation time.
             await self._finish(
                 run_pk, RunState.TIMEOUT, error_kind="timeout", stop_reason="timeout",
                 error_message=f"run exceeded its budget of {run.timeout_ms} ms (timeoutMs)",
-                reply=await _stored_reply(run_pk),
+                reply=await _stored_reply(run_pk), cancel_ms=max(0, int((loop.time() - deadline) * 1000)),
             )
         except BackendTimeout as exc:
             await self._finish(
