@@ -18,7 +18,6 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from channels.generic.websocket import AsyncWebsocketConsumer
@@ -26,19 +25,20 @@ from django.conf import settings
 from django.utils import timezone
 
 from chat.db import db_sync_to_async
-from sessions_app import selectors
-from sessions_app.models import TERMINAL_STATES, ChatSession
+from sessions_app.models import TERMINAL_STATES
 from sessions_app.tokens import authenticate_token, hash_token, still_authorized
 
 from . import groups, methods, protocol
 from .protocol import ProtocolError, invalid
+from .repair import Snapshot
+from .repair import margin as repair_margin
+from .repair import repair as repair_pass
 from .runtime.manager import run_manager
 
 log = logging.getLogger(__name__)
 TERMINAL_CHAT_STATES = ("final", "error", "aborted")
 MAX_TRACKED_RUNS = 2000
 MAX_TRACKED_ROWS = 5000
-REPAIR_BATCH = 500
 
 
 @dataclass
@@ -222,7 +222,6 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         run_manager.consumers.add(self)
         await self._send_frame(protocol.response_ok(request.id, self._hello()))
         self._spawn(self._tick_loop())
-        self._spawn(self._repair_loop())
 
     async def _identify(self, token: Any) -> tuple[int, str, bool] | None:
         if token is not None:
@@ -323,41 +322,30 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             self.rows.popitem(last=False)
         await self.send_event("sessions.changed", payload)
 
-    # --- repair (§9) ------------------------------------------------------------------------------------
+    # --- repair (§9): the run manager runs one pass for all connections of the process ---------------
 
-    async def _repair_loop(self) -> None:
-        interval = max(0.2, settings.GATEWAY_REPAIR_SECONDS / 2)
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await self.repair()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("repair failed")
+    def open_run_pks(self) -> list[int]:
+        return [pk for pk, view in self.runs.items() if not view.terminal]
+
+    def _may_see(self, owner_id: int) -> bool:
+        return owner_id == self.user_id or (self.subscribed_all and self.is_admin)
 
     async def repair(self) -> None:
-        """Deliver, from the database, terminals and rows this connection missed."""
-        open_runs = [pk for pk, view in self.runs.items() if not view.terminal]
-        margin = timedelta(seconds=max(5.0, settings.GATEWAY_REPAIR_SECONDS * 2))  # commits land late
-        scan_started = timezone.now()
-        owner = None if self.subscribed_all else self.user_id
-        known_sessions = list(self.rows) if self.subscribed else []
-        snap = await db_sync_to_async(_repair_snapshot)(
-            # runs that ended before this connection existed are not its news
-            open_runs, owner, max(self.run_watermark - margin, self.connected_at),
-            self.row_watermark - margin if self.subscribed else None, known_sessions,
-        )
-        runs, rows, existing = snap.runs, snap.rows, snap.existing
-        # Runs this connection never heard of (every event dropped) still get their terminal.
-        for pk, payload in snap.ended.items():
-            await self._deliver_chat(pk, payload)
+        """Deliver, from the database, what this connection missed (one pass, now)."""
+        await repair_pass([self])
+
+    async def apply_repair(self, snap: Snapshot, scan_started: Any) -> None:
+        """Send this connection's share of a repair snapshot; the filters drop what it had."""
+        floor = max(self.run_watermark - repair_margin(), self.connected_at)  # not runs from before it came
+        for pk, ended in snap.ended.items():
+            if ended.ended_at >= floor and self._may_see(ended.owner_id):
+                await self._deliver_chat(pk, ended.payload)
         self.run_watermark = snap.ended_until or scan_started
-        for pk in open_runs:
-            view = self.runs.get(pk)
-            if view is None or view.terminal:
-                continue
-            stored = runs.get(pk)
+        for pk in self.open_run_pks():
+            view = self.runs[pk]
+            if pk not in snap.asked:
+                continue  # opened after the snapshot was read: the next pass covers it
+            stored = snap.runs.get(pk)
             if stored is None:
                 # The run is gone with its deleted session: close it as aborted (delete).
                 await self._deliver_chat(pk, {"runId": view.run_id, "sessionKey": view.session_key,
@@ -365,19 +353,20 @@ class GatewayConsumer(AsyncWebsocketConsumer):
                                               "state": "aborted", "stopReason": "delete"})
             elif stored["state"] in TERMINAL_STATES:
                 await self._deliver_chat(pk, stored["payload"])
-        if self.subscribed:
-            self.row_watermark = snap.rows_until or scan_started
-            for session_pk, row in rows.items():
-                known = self.rows.get(session_pk)
-                if known is None or row["version"] > known["version"]:
-                    await self._deliver_row(session_pk, {"sessionKey": row["key"], "reason": "resync",
-                                                         "ts": _now_ms(), "session": row})
-            for session_pk in known_sessions:
-                known = self.rows[session_pk]
-                if session_pk not in existing and not known.get("deleted"):
-                    gone = {**known, "deleted": True, "version": known["version"] + 1}
-                    await self._deliver_row(session_pk, {"sessionKey": known["key"], "reason": "delete",
-                                                         "ts": _now_ms(), "session": gone})
+        if not self.subscribed:
+            return
+        self.row_watermark = snap.rows_until or scan_started
+        for session_pk, (owner_id, row) in snap.rows.items():
+            known = self.rows.get(session_pk)
+            if self._may_see(owner_id) and (known is None or row["version"] > known["version"]):
+                await self._deliver_row(session_pk, {"sessionKey": row["key"], "reason": "resync",
+                                                     "ts": _now_ms(), "session": row})
+        for session_pk in [pk for pk in self.rows if pk in snap.checked and pk not in snap.existing]:
+            known = self.rows[session_pk]
+            if not known.get("deleted"):
+                gone = {**known, "deleted": True, "version": known["version"] + 1}
+                await self._deliver_row(session_pk, {"sessionKey": known["key"], "reason": "delete",
+                                                     "ts": _now_ms(), "session": gone})
 
     # --- sending ----------------------------------------------------------------------------------------
 
@@ -419,44 +408,3 @@ def _scope_user(scope: Any) -> Any:
         return None
     # Resolve the lazy user here, on a worker thread.
     return user if getattr(user, "is_authenticated", False) and user.is_active else None
-
-
-@dataclass
-class RepairSnapshot:
-    runs: dict[int, dict[str, Any]]  # the known open runs, by pk: state (+ terminal payload)
-    ended: dict[int, dict[str, Any]]  # terminal payloads of the owner's runs that ended lately
-    ended_until: Any  # where the next run scan starts (set when the batch was full)
-    rows: dict[int, dict[str, Any]]
-    rows_until: Any
-    existing: set[int]
-
-
-def _repair_snapshot(
-    run_pks: list[int], owner_id: int | None, runs_since: Any, rows_since: Any, known_sessions: list[int]
-) -> RepairSnapshot:
-    from sessions_app.models import Run
-
-    snap = RepairSnapshot({}, {}, None, {}, None, set())
-    if run_pks:
-        for run in Run.objects.select_related("session").filter(pk__in=run_pks):
-            entry: dict[str, Any] = {"state": run.state}
-            if run.state in TERMINAL_STATES:
-                entry["payload"] = protocol.chat_payload_for_run(run, run.session.key)
-            snap.runs[run.pk] = entry
-    ended = Run.objects.select_related("session").filter(ended_at__gte=runs_since).order_by("ended_at")
-    if owner_id is not None:
-        ended = ended.filter(session__owner_id=owner_id)
-    batch = list(ended[:REPAIR_BATCH])
-    snap.ended = {run.pk: protocol.chat_payload_for_run(run, run.session.key) for run in batch}
-    if len(batch) == REPAIR_BATCH:
-        snap.ended_until = batch[-1].ended_at
-    if rows_since is not None:
-        changed = list(selectors.owner_sessions(owner_id).filter(updated_at__gte=rows_since).order_by("updated_at")
-                       [:REPAIR_BATCH])
-        for session, row in zip(changed, selectors.session_rows(changed), strict=True):
-            snap.rows[session.pk] = row
-        if len(changed) == REPAIR_BATCH:
-            snap.rows_until = changed[-1].updated_at
-        if known_sessions:
-            snap.existing = set(ChatSession.objects.filter(pk__in=known_sessions).values_list("pk", flat=True))
-    return snap

@@ -73,6 +73,7 @@ class RunManager:
         self.background = [
             asyncio.ensure_future(self._heartbeat_loop()),
             asyncio.ensure_future(self._reconcile_loop()),
+            asyncio.ensure_future(self._repair_loop()),
             asyncio.ensure_future(self._listen_loop()),
         ]
         log.info("run manager %s started", self.server_id)
@@ -339,6 +340,18 @@ class RunManager:
                         )
             except Exception:
                 log.exception("reconcile failed")
+
+    async def _repair_loop(self) -> None:
+        """§9: one database pass for all connections of this process, twice per repair window."""
+        from .. import repair
+
+        interval = max(0.2, settings.GATEWAY_REPAIR_SECONDS / 2)
+        while not self.stopping:
+            await asyncio.sleep(interval)
+            try:
+                await repair.repair(list(self.consumers))
+            except Exception:
+                log.exception("repair pass failed")
 
     async def _listen_loop(self) -> None:
         layer = get_channel_layer()
