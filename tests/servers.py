@@ -19,8 +19,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
-import itertools
-import json
 import os
 import signal
 import socket
@@ -29,9 +27,11 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+
+from tests.protocol_client import ProtocolClient
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -187,81 +187,25 @@ def _stop_all() -> None:
 # --- a protocol v4 client over a real socket --------------------------------------------------------
 
 
-class WsClient:
-    """Speaks protocol v4 to a real server with the `websockets` package."""
+class WsClient(ProtocolClient):
+    """The protocol client over a real socket, with the `websockets` package."""
 
     def __init__(self, ws: Any) -> None:
+        super().__init__()
         self.ws = ws
-        self.events: list[dict[str, Any]] = []
-        self.responses: dict[str, dict[str, Any]] = {}
-        self.close_code: int | None = None
-        self.hello: dict[str, Any] | None = None
-        self._ids = itertools.count(1)
 
-    async def _pump_one(self, timeout: float) -> dict[str, Any] | None:
+    async def _receive(self, timeout: float) -> str | None:
         from websockets.exceptions import ConnectionClosed
 
         try:
-            text = await asyncio.wait_for(self.ws.recv(), timeout)
+            text: str = await asyncio.wait_for(self.ws.recv(), timeout)
         except ConnectionClosed as exc:
-            self.close_code = exc.rcvd.code if exc.rcvd is not None else 1006
+            self.closed = exc.rcvd.code if exc.rcvd is not None else 1006
             return None
-        frame: dict[str, Any] = json.loads(text)
-        if frame["type"] == "event":
-            self.events.append(frame)
-        elif frame["type"] == "res":
-            self.responses[frame["id"]] = frame
-        return frame
+        return text
 
-    async def send(self, method: str, params: dict[str, Any] | None = None) -> str:
-        rid = f"r{next(self._ids)}"
-        frame: dict[str, Any] = {"type": "req", "id": rid, "method": method}
-        if params is not None:
-            frame["params"] = params
-        await self.ws.send(json.dumps(frame))
-        return rid
-
-    async def call(self, method: str, params: dict[str, Any] | None = None, timeout: float = 5.0) -> dict[str, Any]:
-        rid = await self.send(method, params)
-        deadline = time.monotonic() + timeout
-        while rid not in self.responses:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or self.close_code is not None:
-                raise AssertionError(f"no response to {method}; close={self.close_code}")
-            with contextlib.suppress(TimeoutError):
-                await self._pump_one(remaining)
-        return self.responses.pop(rid)
-
-    async def ok(self, method: str, params: dict[str, Any] | None = None, timeout: float = 5.0) -> dict[str, Any]:
-        res = await self.call(method, params, timeout)
-        assert res["ok"], res
-        payload: dict[str, Any] = res["payload"]
-        return payload
-
-    async def wait_event(self, pred: Callable[[dict[str, Any]], bool], timeout: float = 5.0) -> dict[str, Any]:
-        """The first event (seen so far or arriving within `timeout`) matching `pred`."""
-        deadline = time.monotonic() + timeout
-        idx = 0
-        while True:
-            while idx < len(self.events):
-                if pred(self.events[idx]):
-                    return self.events[idx]
-                idx += 1
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or self.close_code is not None:
-                raise AssertionError(f"event not seen; close={self.close_code}; events={self.events[-5:]}")
-            with contextlib.suppress(TimeoutError):
-                await self._pump_one(remaining)
-
-    async def wait_closed(self, timeout: float = 10.0) -> int:
-        deadline = time.monotonic() + timeout
-        while self.close_code is None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise AssertionError("socket not closed")
-            with contextlib.suppress(TimeoutError):
-                await self._pump_one(remaining)
-        return self.close_code
+    async def send_raw(self, text: str) -> None:
+        await self.ws.send(text)
 
 
 @contextlib.asynccontextmanager

@@ -46,16 +46,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     services.drop_database(db_url)
 
 
-async def drain(client: Any, seconds: float) -> None:
-    """Read whatever arrives on a real socket for `seconds`."""
-    deadline = time.monotonic() + seconds
-    while (remaining := deadline - time.monotonic()) > 0 and client.close_code is None:
-        try:
-            await client._pump_one(remaining)
-        except TimeoutError:
-            return
-
-
 def db_query(db_url: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
     with psycopg.connect(services._libpq(db_url)) as conn:
         return conn.execute(sql, args).fetchall()
@@ -71,7 +61,7 @@ async def test_events_cross_processes_and_rows_agree(cluster):
             ev = await c.wait_event(lambda e: e["event"] == "chat" and e["payload"]["runId"] == "r1"
                                     and e["payload"]["state"] == "final", 10)
             assert ev["payload"]["message"]["content"][0]["text"] == "echo: across two processes"
-        await asyncio.gather(drain(a, 0.5), drain(b, 0.5))
+        await asyncio.gather(a.drain(0.5), b.drain(0.5))
         fresh = {r["key"]: r for r in (await b.ok("sessions.list", {"limit": 500}))["sessions"]}
         for c in (a, b):
             rows = rows_from_events(c.events)
@@ -98,7 +88,7 @@ async def test_abort_on_one_process_stops_run_on_the_other(cluster):
             )
             await asyncio.sleep(0.1)
         assert cancel_ms is not None, "the owning process never cancelled the run's task"
-        await asyncio.gather(drain(a, 1.0), drain(b, 1.0))
+        await asyncio.gather(a.drain(1.0), b.drain(1.0))
         for c in (a, b):
             states = [p["state"] for p in (e["payload"] for e in c.events if e["event"] == "chat")
                       if p["runId"] == "r1" and p["sessionKey"] == f"agent:main:{key}"]
