@@ -152,12 +152,12 @@ class ServerHandle:
         except OSError:
             return ""
 
-    def stop(self) -> None:
-        """Best-effort clean-up: SIGTERM, then SIGKILL."""
+    def stop(self, timeout: float = 10.0) -> None:
+        """Best-effort clean-up: SIGTERM (the server drains), then SIGKILL."""
         if self.alive():
             self.terminate()
             try:
-                self.proc.wait(10)
+                self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.kill()
 
