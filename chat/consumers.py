@@ -30,8 +30,7 @@ from sessions_app.tokens import authenticate_token, hash_token, still_authorized
 
 from . import groups, methods, protocol
 from .protocol import ProtocolError, invalid
-from .repair import Snapshot
-from .repair import margin as repair_margin
+from .repair import Position, Scanner, Snapshot
 from .repair import repair as repair_pass
 from .runtime.manager import run_manager
 
@@ -70,9 +69,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         self.subscribed_all = False
         self.runs: OrderedDict[int, RunView] = OrderedDict()
         self.rows: OrderedDict[int, dict[str, Any]] = OrderedDict()
-        self.row_watermark = timezone.now()
         self.connected_at = timezone.now()
-        self.run_watermark = self.connected_at
         self.held_acks = 0
         self.token_hash: str | None = None
         self.tokens = float(settings.GATEWAY_RATE_BURST)
@@ -266,7 +263,6 @@ class GatewayConsumer(AsyncWebsocketConsumer):
     def set_subscription(self, subscribed: bool, *, all_sessions: bool = False) -> None:
         self.subscribed = subscribed
         self.subscribed_all = subscribed and all_sessions
-        self.row_watermark = timezone.now()
         if self.subscribed_all and groups.OPERATORS not in self.groups_joined:
             self.groups_joined.append(groups.OPERATORS)
             self._spawn(self.channel_layer.group_add(groups.OPERATORS, self.channel_name))
@@ -332,19 +328,19 @@ class GatewayConsumer(AsyncWebsocketConsumer):
 
     async def repair(self) -> None:
         """Deliver, from the database, what this connection missed (one pass, now)."""
-        await repair_pass([self])
+        # A one-off scan from this connection's start, apart from the process's scan positions.
+        await repair_pass([self], Scanner(Position(self.connected_at), Position(self.connected_at)))
 
-    async def apply_repair(self, snap: Snapshot, scan_started: Any) -> None:
+    async def apply_repair(self, snap: Snapshot) -> None:
         """Send this connection's share of a repair snapshot; the filters drop what it had."""
-        floor = max(self.run_watermark - repair_margin(), self.connected_at)  # not runs from before it came
         for pk, ended in snap.ended.items():
-            if ended.ended_at >= floor and self._may_see(ended.owner_id):
+            # not runs that ended before this connection existed: they are not its news
+            if ended.ended_at >= self.connected_at and self._may_see(ended.owner_id):
                 await self._deliver_chat(pk, ended.payload)
-        self.run_watermark = snap.ended_until or scan_started
         for pk in self.open_run_pks():
-            view = self.runs[pk]
-            if pk not in snap.asked:
-                continue  # opened after the snapshot was read: the next pass covers it
+            view = self.runs.get(pk)
+            if view is None or pk not in snap.asked:
+                continue  # evicted, or opened after the snapshot was read: the next pass covers it
             stored = snap.runs.get(pk)
             if stored is None:
                 # The run is gone with its deleted session: close it as aborted (delete).
@@ -355,15 +351,14 @@ class GatewayConsumer(AsyncWebsocketConsumer):
                 await self._deliver_chat(pk, stored["payload"])
         if not self.subscribed:
             return
-        self.row_watermark = snap.rows_until or scan_started
         for session_pk, (owner_id, row) in snap.rows.items():
             known = self.rows.get(session_pk)
             if self._may_see(owner_id) and (known is None or row["version"] > known["version"]):
                 await self._deliver_row(session_pk, {"sessionKey": row["key"], "reason": "resync",
                                                      "ts": _now_ms(), "session": row})
         for session_pk in [pk for pk in self.rows if pk in snap.checked and pk not in snap.existing]:
-            known = self.rows[session_pk]
-            if not known.get("deleted"):
+            known = self.rows.get(session_pk)
+            if known is not None and not known.get("deleted"):
                 gone = {**known, "deleted": True, "version": known["version"] + 1}
                 await self._deliver_row(session_pk, {"sessionKey": known["key"], "reason": "delete",
                                                      "ts": _now_ms(), "session": gone})
@@ -387,7 +382,12 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         while True:
             await asyncio.sleep(settings.GATEWAY_TICK_INTERVAL_MS / 1000)
             # A revoked token or a deactivated user ends open connections too, within a tick.
-            if not await db_sync_to_async(still_authorized)(self.user_id, self.token_hash):
+            try:
+                authorized = await db_sync_to_async(still_authorized)(self.user_id, self.token_hash)
+            except Exception:
+                log.warning("authorization re-check failed; trying again next tick", exc_info=True)
+                authorized = True
+            if not authorized:
                 await self.close(code=4008)
                 return
             await self.send_event("tick", {"ts": _now_ms()})

@@ -2,21 +2,26 @@
 
 Channel layers drop messages when a channel is full and do not order messages across
 groups. Every `GATEWAY_REPAIR_SECONDS / 2` the run manager asks the database, once
-for all connections of the process, for what changed since their last pass: the
-terminal state of runs they saw open, runs of their owners that ended, rows that
-changed and sessions that disappeared. Each connection then takes its share and
-sends what it missed; its own filters drop what it already sent.
+for all connections of the process, for what changed since its last pass: the
+terminal state of runs the connections saw open, runs that ended, rows that changed
+and known sessions that disappeared. Each connection takes its share and sends what
+it missed; its own filters drop what it already sent.
+
+The process keeps one scan position per stream (ended runs, changed rows). When it
+is caught up, each pass looks back a margin (a transaction's timestamps precede its
+commit); when a burst fills a batch, the next pass continues from a keyset cursor
+(timestamp, pk), so the scan always moves forward.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from django.conf import settings
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from sessions_app import selectors
@@ -42,12 +47,39 @@ class Snapshot:
 
     asked: set[int] = field(default_factory=set)  # the open runs asked about
     runs: dict[int, dict[str, Any]] = field(default_factory=dict)  # of those, the ones found: state (+ payload)
-    ended: dict[int, EndedRun] = field(default_factory=dict)  # runs of the owners that ended lately
-    ended_until: datetime | None = None  # set when the batch was full: the next scan starts here
+    ended: dict[int, EndedRun] = field(default_factory=dict)  # runs that ended since the last pass
     rows: dict[int, tuple[int, dict[str, Any]]] = field(default_factory=dict)  # session pk -> (owner, row)
-    rows_until: datetime | None = None
     checked: set[int] = field(default_factory=set)  # session pks whose existence was checked
     existing: set[int] = field(default_factory=set)
+
+
+@dataclass
+class Position:
+    """Where one scan resumes: caught up at `since`, or mid-burst after `cursor`."""
+
+    since: datetime
+    cursor: tuple[datetime, int] | None = None
+
+    def window(self, qs: QuerySet[Any], ts: str) -> QuerySet[Any]:
+        if self.cursor is not None:
+            at, pk = self.cursor
+            return qs.filter(Q(**{f"{ts}__gt": at}) | Q(**{ts: at, "pk__gt": pk}))
+        return qs.filter(**{f"{ts}__gte": self.since - margin()})
+
+    def advance(self, batch: list[Any], ts: str, scan_started: datetime) -> None:
+        if len(batch) == BATCH:
+            self.cursor = (getattr(batch[-1], ts), batch[-1].pk)
+        else:
+            self.cursor = None
+            self.since = scan_started
+
+
+@dataclass
+class Scanner:
+    """The scan positions of one process."""
+
+    runs: Position = field(default_factory=lambda: Position(timezone.now()))
+    rows: Position = field(default_factory=lambda: Position(timezone.now()))
 
 
 class Repairable(Protocol):
@@ -55,25 +87,22 @@ class Repairable(Protocol):
     user_id: int
     subscribed: bool
     subscribed_all: bool
-    connected_at: datetime
-    run_watermark: datetime
-    row_watermark: datetime
     rows: Any
 
     def open_run_pks(self) -> list[int]: ...
-    async def apply_repair(self, snap: Snapshot, scan_started: datetime) -> None: ...
+    async def apply_repair(self, snap: Snapshot) -> None: ...
 
 
 def margin() -> timedelta:
-    """How far back each scan looks again: a transaction's timestamps precede its commit."""
+    """How far back a caught-up scan looks again: a transaction's timestamps precede its commit."""
     return timedelta(seconds=max(5.0, settings.GATEWAY_REPAIR_SECONDS * 2))
 
 
 def take_snapshot(
-    open_runs: set[int], owners: set[int] | None, runs_since: datetime, rows_since: datetime | None,
-    known_sessions: set[int],
+    scanner: Scanner, open_runs: set[int], owners: set[int] | None, want_rows: bool, known_sessions: set[int]
 ) -> Snapshot:
     """Read everything one repair pass needs, in a handful of indexed queries."""
+    scan_started = timezone.now()
     snap = Snapshot(asked=set(open_runs))
     if open_runs:
         for run in Run.objects.select_related("session").filter(pk__in=open_runs):
@@ -81,50 +110,48 @@ def take_snapshot(
             if run.state in TERMINAL_STATES:
                 entry["payload"] = protocol.chat_payload_for_run(run, run.session.key)
             snap.runs[run.pk] = entry
-    ended = Run.objects.select_related("session").filter(ended_at__gte=runs_since).order_by("ended_at")
+    ended = scanner.runs.window(Run.objects.select_related("session").exclude(ended_at=None), "ended_at")
     if owners is not None:
         ended = ended.filter(session__owner_id__in=owners)
-    batch = list(ended[:BATCH])
+    batch = list(ended.order_by("ended_at", "pk")[:BATCH])
     for run in batch:
         assert run.ended_at is not None
         snap.ended[run.pk] = EndedRun(
             run.session.owner_id, run.ended_at, protocol.chat_payload_for_run(run, run.session.key)
         )
-    if len(batch) == BATCH:
-        snap.ended_until = batch[-1].ended_at
-    if rows_since is not None:
-        changed = selectors.owner_sessions(None).filter(updated_at__gte=rows_since)
+    scanner.runs.advance(batch, "ended_at", scan_started)
+    if want_rows:
+        changed = scanner.rows.window(selectors.owner_sessions(None), "updated_at")
         if owners is not None:
             changed = changed.filter(owner_id__in=owners)
-        page = list(changed.order_by("updated_at")[:BATCH])
+        page = list(changed.order_by("updated_at", "pk")[:BATCH])
         for session, row in zip(page, selectors.session_rows(page), strict=True):
             snap.rows[session.pk] = (session.owner_id, row)
-        if len(page) == BATCH:
-            snap.rows_until = page[-1].updated_at
+        scanner.rows.advance(page, "updated_at", scan_started)
+    else:
+        scanner.rows = Position(scan_started)  # nobody listens: start from now when someone does
     if known_sessions:
         snap.checked = set(known_sessions)
         snap.existing = set(ChatSession.objects.filter(pk__in=known_sessions).values_list("pk", flat=True))
     return snap
 
 
-async def repair(connections: list[Repairable]) -> None:
-    """One repair pass for these connections (all of a process's, or one being closed)."""
+async def repair(connections: list[Repairable], scanner: Scanner) -> None:
+    """One repair pass for these connections (all of a process's)."""
     live = [c for c in connections if c.authed]
     if not live:
         return
-    scan_started = timezone.now()
-    back = margin()
     open_runs: set[int] = set()
     for c in live:
         open_runs.update(c.open_run_pks())
     owners = None if any(c.subscribed_all for c in live) else {c.user_id for c in live}
-    runs_since = min(max(c.run_watermark - back, c.connected_at) for c in live)
     subscribed = [c for c in live if c.subscribed]
-    rows_since = min(c.row_watermark for c in subscribed) - back if subscribed else None
     known: set[int] = set()
     for c in subscribed:
         known.update(c.rows)
-    snap = await db_sync_to_async(take_snapshot)(open_runs, owners, runs_since, rows_since, known)
+    snap = await db_sync_to_async(take_snapshot)(scanner, open_runs, owners, bool(subscribed), known)
     for c in live:
-        with contextlib.suppress(Exception):  # one closing socket must not stop the others
-            await c.apply_repair(snap, scan_started)
+        try:
+            await c.apply_repair(snap)
+        except Exception:  # one closing socket must not stop the others
+            log.debug("repair of one connection failed", exc_info=True)

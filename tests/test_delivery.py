@@ -2,8 +2,11 @@
 
 import asyncio
 import time
+from datetime import timedelta
 
 import pytest
+from channels.db import database_sync_to_async
+from django.utils import timezone
 
 from chat import delivery
 from tests.conftest import open_client
@@ -74,3 +77,68 @@ async def test_flood_with_tiny_layer_capacity(alice, settings):
         assert event_seqs == list(range(1, len(event_seqs) + 1))
     assert all(r["status"] == "done" for r in fresh.values())
     await asyncio.gather(*(c.close() for c in clients))
+
+
+@database_sync_to_async
+def _end_runs(owner_id: int, prefix: str, n: int, ended_at) -> None:
+    """Plant `n` runs that ended at `ended_at` (a burst such as a recovery sweep makes)."""
+    from sessions_app.models import ChatSession, Run
+
+    s, _ = ChatSession.objects.get_or_create(owner_id=owner_id, key="agent:main:bulk", defaults={"agent_id": "main"})
+    base = Run.objects.filter(session=s).count()
+    Run.objects.bulk_create([
+        Run(session=s, run_id=f"{prefix}{i}", session_generation=s.session_id, message="m", body_hash="h",
+            timeout_ms=60000, state="done", reply="r", ended_at=ended_at, stream_seq=1, queue_seq=base + i + 1)
+        for i in range(n)
+    ])
+
+
+async def test_repair_scan_moves_past_a_full_batch_of_ended_runs(client, alice, monkeypatch):
+    """A burst bigger than a batch, all at one instant: later terminals are still repaired."""
+    from chat import repair
+    from chat.runtime.manager import run_manager
+
+    monkeypatch.setattr(repair, "BATCH", 3)
+    conn = next(iter(run_manager.consumers))
+    await _end_runs(alice[0].pk, "burst", 7, conn.connected_at + timedelta(milliseconds=5))
+    await client.drain(1.2)
+    await _end_runs(alice[0].pk, "late", 1, timezone.now())  # its broadcast never happened
+    await client.drain(2.5)
+    for run_id in [f"burst{i}" for i in range(7)] + ["late0"]:
+        assert len(terminal_events(client.events, run_id)) == 1, run_id
+
+
+async def test_repair_scan_moves_past_a_full_batch_of_rows(client, monkeypatch):
+    from chat import repair
+
+    monkeypatch.setattr(repair, "BATCH", 3)
+    for i in range(5):
+        await client.ok("sessions.create", {"sessionKey": f"s{i}"})
+    await client.drain(1.2)
+    monkeypatch.setattr(delivery, "send_row", lambda *a, **k: None)  # the layer drops what follows
+    await client.ok("sessions.create", {"sessionKey": "late"})
+    await client.drain(2.5)
+    keys = [e["payload"]["sessionKey"] for e in client.events if e["event"] == "sessions.changed"]
+    assert "agent:main:late" in keys
+
+
+async def test_tick_survives_a_failed_authorization_check(alice, monkeypatch, settings):
+    from django.db import OperationalError
+
+    from chat import consumers
+
+    settings.GATEWAY_TICK_INTERVAL_MS = 200
+    calls = {"n": 0}
+    real = consumers.still_authorized
+
+    def flaky(user_id, token_hash):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OperationalError("database is locked")
+        return real(user_id, token_hash)
+
+    monkeypatch.setattr(consumers, "still_authorized", flaky)
+    c = await open_client(alice[1])
+    await c.drain(2.0)
+    assert len([e for e in c.events if e["event"] == "tick"]) >= 6 and c.closed is None
+    await c.close()

@@ -45,6 +45,7 @@ class RunManager:
         self.finishing: set[int] = set()
         self.waiters: dict[int, set[asyncio.Event]] = {}
         self.consumers: set[Any] = set()
+        self.scanner = _new_scanner()
         self.background: list[asyncio.Task[None]] = []
         self.bookkeeping: set[asyncio.Future[None]] = set()
         self.accepting = True
@@ -68,6 +69,7 @@ class RunManager:
         self.server_id = f"{socket.gethostname()[:30]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.accepting = True
         self.stopping = False
+        self.scanner = _new_scanner()
         process.set_current(self.server_id)
         await db_sync_to_async(process.register)(self.server_id)
         self.background = [
@@ -329,8 +331,8 @@ class RunManager:
                 for pk in ended:
                     self.cancel(pk)
                 for pk, state in orphans:
-                    if pk in self.tasks or pk in self.finishing:
-                        continue
+                    if pk in self.tasks or pk in self.finishing or not self.accepting:
+                        continue  # (while draining, the drain ends whatever is left)
                     if state == RunState.DISPATCHING and self.accepting:
                         self.submit(pk)
                     else:
@@ -349,7 +351,7 @@ class RunManager:
         while not self.stopping:
             await asyncio.sleep(interval)
             try:
-                await repair.repair(list(self.consumers))
+                await repair.repair(list(self.consumers), self.scanner)
             except Exception:
                 log.exception("repair pass failed")
 
@@ -393,11 +395,14 @@ class RunManager:
             self.server_id, actor="system", message="gateway process shut down before the run finished"
         )
         await db_sync_to_async(process.mark_stopped)(self.server_id)
+        # Deliver the interruptions from the database before closing: the layer messages
+        # carrying them may still be queued behind this drain.
+        from .. import repair
+
+        with contextlib.suppress(Exception):
+            await repair.repair(list(self.consumers), self.scanner)
         for consumer in list(self.consumers):
             with contextlib.suppress(Exception):
-                # Deliver the interruptions from the database before closing: the layer
-                # messages carrying them may still be queued behind this drain.
-                await consumer.repair()
                 await consumer.close(code=4001)
         await self.stop()
 
@@ -432,6 +437,12 @@ def _context_for(run: Run) -> RunContext:
         message=run.message, attachments=list(run.attachments or []), transcript=transcript,
         timeout_ms=run.timeout_ms,
     )
+
+
+def _new_scanner() -> Any:
+    from ..repair import Scanner
+
+    return Scanner()
 
 
 run_manager = RunManager()
