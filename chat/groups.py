@@ -17,6 +17,3 @@ def process_group(server_id: str) -> str:
     """The run manager of one server process (abort routing)."""
     return f"proc.{_SAFE.sub('-', server_id)[:80]}"
 
-
-def all_processes_group() -> str:
-    return "procs.all"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -162,6 +162,3 @@ def history(session: ChatSession, *, limit: int = 200, before_id: int | None = N
     ]
     return payload
 
-
-def run_snapshots(run_pks: Iterable[int]) -> list[Run]:
-    return list(Run.objects.select_related("session").filter(pk__in=list(run_pks)))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .models import ACTIVE_STATES, TERMINAL_STATES, RunState
+from .models import TERMINAL_STATES, RunState
 
 ALLOWED: dict[str, frozenset[str]] = {
     RunState.QUEUED: frozenset({RunState.DISPATCHING, *TERMINAL_STATES}) - {RunState.DONE},
@@ -17,10 +17,3 @@ def sources_for(target: str) -> list[str]:
     """Return the states from which `target` may be entered."""
     return [src for src, targets in ALLOWED.items() if target in targets]
 
-
-def is_active(state: str) -> bool:
-    return state in ACTIVE_STATES
-
-
-def is_terminal(state: str) -> bool:
-    return state in TERMINAL_STATES
