@@ -78,7 +78,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         self.groups_joined: list[str] = []
         await run_manager.ensure_started()
         await self.accept()
-        await self.send_event("connect.challenge", {"nonce": secrets.token_hex(16), "ts": _now_ms()})
+        await self.send_event("connect.challenge", {"nonce": secrets.token_hex(16), "ts": protocol.now_ms()})
         self._spawn(self._connect_deadline())
 
     async def disconnect(self, code: int) -> None:
@@ -355,13 +355,13 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             known = self.rows.get(session_pk)
             if self._may_see(owner_id) and (known is None or row["version"] > known["version"]):
                 await self._deliver_row(session_pk, {"sessionKey": row["key"], "reason": "resync",
-                                                     "ts": _now_ms(), "session": row})
+                                                     "ts": protocol.now_ms(), "session": row})
         for session_pk in [pk for pk in self.rows if pk in snap.checked and pk not in snap.existing]:
             known = self.rows.get(session_pk)
             if known is not None and not known.get("deleted"):
                 gone = {**known, "deleted": True, "version": known["version"] + 1}
                 await self._deliver_row(session_pk, {"sessionKey": known["key"], "reason": "delete",
-                                                     "ts": _now_ms(), "session": gone})
+                                                     "ts": protocol.now_ms(), "session": gone})
 
     # --- sending ----------------------------------------------------------------------------------------
 
@@ -390,16 +390,13 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             if not authorized:
                 await self.close(code=4008)
                 return
-            await self.send_event("tick", {"ts": _now_ms()})
+            await self.send_event("tick", {"ts": protocol.now_ms()})
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def _scope_user(scope: Any) -> Any:

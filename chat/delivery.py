@@ -7,21 +7,19 @@ and the repair loop in every connection (§9) fills in what a layer dropped.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
-import time
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
-from . import groups
+from . import groups, protocol
 
 log = logging.getLogger(__name__)
 _pending: set[asyncio.Future[None]] = set()  # keep scheduled sends referenced until done
 
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def chat_message(owner_id: int, run_pk: int, payload: dict[str, Any]) -> dict[str, Any]:
@@ -31,7 +29,7 @@ def chat_message(owner_id: int, run_pk: int, payload: dict[str, Any]) -> dict[st
 def session_message(
     owner_id: int, session_pk: int, reason: str, row: dict[str, Any], run_id: str | None
 ) -> dict[str, Any]:
-    payload: dict[str, Any] = {"sessionKey": row["key"], "reason": reason, "ts": now_ms(), "session": row}
+    payload: dict[str, Any] = {"sessionKey": row["key"], "reason": reason, "ts": protocol.now_ms(), "session": row}
     if run_id:
         payload["runId"] = run_id
     return {"type": "gateway.session", "owner": owner_id, "session": session_pk, "payload": payload}
@@ -48,18 +46,47 @@ async def agroup_send_all(owner_id: int, message: dict[str, Any]) -> None:
             log.exception("group_send to %s failed", group)
 
 
+LOOP_CALL_TIMEOUT = 10.0
+
+
+def call_from_thread(fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> bool:
+    """Run `fn(*args)` on the serving event loop from a worker thread; False if it did not finish.
+
+    The wait is bounded: a loop that stops meanwhile (shutdown, the end of a test) must
+    never strand the worker thread, or the process could not even exit. Outside a
+    server (management commands) there is no serving loop and `async_to_sync` makes one.
+    """
+    from .runtime.manager import run_manager
+
+    loop = run_manager.loop
+    try:
+        if loop is None:
+            async_to_sync(fn)(*args)
+            return True
+        if loop.is_closed() or not loop.is_running():
+            return False
+        future = asyncio.run_coroutine_threadsafe(fn(*args), loop)
+        try:
+            future.result(LOOP_CALL_TIMEOUT)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            return False
+        return True
+    except (Exception, asyncio.CancelledError):
+        log.warning("call on the event loop failed", exc_info=True)
+        return False
+
+
 def group_send_all(owner_id: int, message: dict[str, Any]) -> None:
     """Sync twin of agroup_send_all, for on-commit callbacks on worker threads."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        try:
-            async_to_sync(agroup_send_all)(owner_id, message)
-        except (Exception, asyncio.CancelledError):
-            # The caller's task was cancelled (a client went away) or the layer failed:
-            # the change is committed, the repair loop delivers it; the remaining
-            # on-commit callbacks of the transaction must still run.
-            log.warning("broadcast to owner %s not sent", owner_id, exc_info=True)
+        # A broadcast that does not happen is logged, never raised: the change is
+        # committed, the repair loop delivers it, and the transaction's remaining
+        # on-commit callbacks must still run.
+        if not call_from_thread(agroup_send_all, owner_id, message):
+            log.warning("broadcast to owner %s not sent", owner_id)
         return
     # Called on an event-loop thread (never from the lifecycle service): schedule it.
     task = asyncio.ensure_future(agroup_send_all(owner_id, message))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -56,9 +55,6 @@ def method(name: str) -> Callable[[Handler], Handler]:
     return register
 
 
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
 
 def _lifecycle_error(exc: LifecycleError) -> ProtocolError:
     return ProtocolError(exc.code, exc.message, **exc.details)
@@ -84,7 +80,7 @@ def _run_counts() -> tuple[int, int]:
 @method("health")
 async def health(conn: Conn, params: dict[str, Any]) -> Reply:
     active, queued = await db_sync_to_async(_run_counts)()
-    return Reply({"ok": True, "ts": now_ms(), "version": settings.GATEWAY_VERSION,
+    return Reply({"ok": True, "ts": protocol.now_ms(), "version": settings.GATEWAY_VERSION,
                   "activeRuns": active, "queuedRuns": queued})
 
 
@@ -248,7 +244,7 @@ async def sessions_list(conn: Conn, params: dict[str, Any]) -> Reply:
     result = await db_sync_to_async(selectors.list_sessions)(
         conn.user_id, limit=limit, offset=offset, status=status, active_only=active_only, search=search or None
     )
-    return Reply({"ts": now_ms(), **result})
+    return Reply({"ts": protocol.now_ms(), **result})
 
 
 @method("sessions.subscribe")

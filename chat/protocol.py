@@ -12,7 +12,9 @@ import binascii
 import hashlib
 import json
 import re
+import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -343,8 +345,13 @@ def assistant_message(text: str, timestamp: int | None) -> dict[str, Any]:
     return {"role": "assistant", "content": [{"type": "text", "text": text}], "timestamp": timestamp}
 
 
-def _ms(value: Any) -> int | None:
+def ms(value: datetime | None) -> int | None:
+    """Epoch milliseconds (the protocol's time format), or None."""
     return None if value is None else int(value.timestamp() * 1000)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def chat_payload_for_run(run: Run, session_key: str) -> dict[str, Any]:
@@ -361,17 +368,17 @@ def chat_payload_for_run(run: Run, session_key: str) -> dict[str, Any]:
     if state == "done":
         return {
             **base, "state": "final", "stopReason": run.stop_reason or "stop",
-            "message": assistant_message(run.reply, _ms(run.ended_at)),
+            "message": assistant_message(run.reply, ms(run.ended_at)),
         }
     if state == "killed":
         payload = {**base, "state": "aborted", "stopReason": run.stop_reason or "rpc"}
         if run.reply:
-            payload["message"] = assistant_message(run.reply, _ms(run.ended_at))
+            payload["message"] = assistant_message(run.reply, ms(run.ended_at))
         return payload
     kind = run.error_kind or ("timeout" if state == "timeout" else "unknown")
     payload = {**base, "state": "error", "errorKind": kind, "errorMessage": run.error_message or state}
     if run.reply:
-        payload["message"] = assistant_message(run.reply, _ms(run.ended_at))
+        payload["message"] = assistant_message(run.reply, ms(run.ended_at))
     return payload
 
 

@@ -137,14 +137,17 @@ def _end_run(finding: Finding, to_state: str, **kwargs: Any) -> bool:
     return lifecycle.finish_run(finding.run_pk, to_state, **kwargs)
 
 
+def _interrupt(finding: Finding) -> bool:
+    assert finding.run_pk is not None
+    return lifecycle.interrupt_run(finding.run_pk, message=INTERRUPTED_MESSAGE, actor=Actor.REAPER)
+
+
 def _repair_row(finding: Finding) -> bool:
     return bool(lifecycle.repair_session_row(finding.session_pk, actor=Actor.OPERATOR))
 
 
 FIXERS: dict[str, tuple[str, Callable[[Finding], bool]]] = {
-    "dead_process_run": ("end the run as failed (interrupted)", lambda f: _end_run(
-        f, RunState.FAILED, error_kind="interrupted", error_message=INTERRUPTED_MESSAGE,
-        reason="run.interrupted", actor=Actor.REAPER)),
+    "dead_process_run": ("end the run as failed (interrupted)", lambda f: _interrupt(f)),
     "overdue_run": ("end the run as timeout", lambda f: _end_run(
         f, RunState.TIMEOUT, error_kind="timeout", stop_reason="timeout", reason="run.timeout",
         error_message="run outlived its budget; ended by gateway_doctor", actor=Actor.OPERATOR)),

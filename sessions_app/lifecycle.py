@@ -601,19 +601,20 @@ def mark_failed(session_pk: int, *, reason_text: str, actor: str = Actor.OPERATO
         return [run.run_id] if ok else []
 
 
+def interrupt_run(run_pk: int, *, message: str, actor: str = Actor.REAPER) -> bool:
+    """End a run whose process died or stopped: failed, errorKind interrupted (§8)."""
+    return finish_run(
+        run_pk, RunState.FAILED, error_kind="interrupted", error_message=message, reason="run.interrupted",
+        actor=actor,
+    )
+
+
 def interrupt_runs_of_process(server_id: str, *, actor: str = Actor.REAPER, message: str) -> list[int]:
     """End every open run owned by a dead or stopping process as failed/interrupted."""
-    ended: list[int] = []
     pks = list(
         Run.objects.filter(owner_process=server_id, state__in=ACTIVE_STATES).values_list("pk", flat=True)
     )
-    for pk in pks:
-        if finish_run(
-            pk, RunState.FAILED, error_kind="interrupted", error_message=message,
-            reason="run.interrupted", actor=actor,
-        ):
-            ended.append(pk)
-    return ended
+    return [pk for pk in pks if interrupt_run(pk, message=message, actor=actor)]
 
 
 def claim_run(run_pk: int, server_id: str) -> bool:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import lifecycle
-from .models import ACTIVE_STATES, Actor, Run, RunState
+from .models import ACTIVE_STATES, Actor, Run
 from .process import live_process_ids
 
 INTERRUPTED_MESSAGE = "the gateway process running this run stopped; the run was interrupted"
@@ -72,10 +72,7 @@ def recover(
     progress = progress_factory(len(result.runs)) if progress_factory else None
     for run in result.runs:
         # First terminal wins: a run that ended meanwhile is left as it is.
-        run["ended"] = lifecycle.finish_run(
-            run["runPk"], RunState.FAILED, error_kind="interrupted", error_message=INTERRUPTED_MESSAGE,
-            reason="run.interrupted", actor=actor,
-        )
+        run["ended"] = lifecycle.interrupt_run(run["runPk"], message=INTERRUPTED_MESSAGE, actor=actor)
         result.ended += int(run["ended"])
         if progress is not None:
             progress(1)

@@ -4,17 +4,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Any
 
 from django.db.models import Q, QuerySet
 
+from chat.protocol import ms
+
 from .models import ACTIVE_STATES, OPEN_STATES, ChatSession, Message, Run, RunState
-
-
-def ms(value: datetime | None) -> int | None:
-    """Epoch milliseconds, or None."""
-    return None if value is None else int(value.timestamp() * 1000)
 
 
 def _row(session: ChatSession, open_runs: Sequence[Run], run_ids: dict[int, str]) -> dict[str, Any]:

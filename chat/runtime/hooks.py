@@ -5,13 +5,11 @@ They run on whatever thread committed; the manager hops onto its event loop.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
-from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
-from .. import groups
+from .. import delivery, groups
 from .manager import run_manager
 
 log = logging.getLogger(__name__)
@@ -33,10 +31,10 @@ def run_ended(run_pk: int, owner_process: str) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
-    try:
-        async_to_sync(layer.group_send)(groups.process_group(owner_process), {"type": "run.cancel", "run": run_pk})
-    except (Exception, asyncio.CancelledError):  # the owner's reconcile loop is the backstop
-        log.exception("could not route cancel of run %s to %s", run_pk, owner_process)
+    message = {"type": "run.cancel", "run": run_pk}
+    if not delivery.call_from_thread(layer.group_send, groups.process_group(owner_process), message):
+        # the owner's reconcile loop is the backstop
+        log.warning("could not route cancel of run %s to %s", run_pk, owner_process)
 
 
 def run_changed(run_pk: int, state: str) -> None:

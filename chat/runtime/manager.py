@@ -216,23 +216,24 @@ class RunManager:
                 run_pk, RunState.FAILED, error_kind="dispatch", error_message=str(exc) or "dispatch failed",
                 reason="chat.dispatch-error",
             )
+        # Partial text needs no passing on: every delta was stored before it was sent,
+        # and an ending without `reply` keeps what is stored.
         except TimeoutError:
             # The backend's work was cancelled at the deadline and its stream closed on the
             # way out: how long that took is the run's cancellation time.
             await self._finish(
                 run_pk, RunState.TIMEOUT, error_kind="timeout", stop_reason="timeout",
                 error_message=f"run exceeded its budget of {run.timeout_ms} ms (timeoutMs)",
-                reply=await _stored_reply(run_pk), cancel_ms=max(0, int((loop.time() - deadline) * 1000)),
+                cancel_ms=max(0, int((loop.time() - deadline) * 1000)),
             )
         except BackendTimeout as exc:
             await self._finish(
                 run_pk, RunState.TIMEOUT, error_kind="timeout", stop_reason="timeout",
-                error_message=exc.message, reply=await _stored_reply(run_pk),
+                error_message=exc.message,
             )
         except BackendError as exc:
             await self._finish(
                 run_pk, RunState.FAILED, error_kind=exc.kind, error_message=exc.message,
-                reply=await _stored_reply(run_pk),
             )
         except asyncio.CancelledError:
             raise  # the run was ended elsewhere; that transition already broadcast
@@ -273,7 +274,7 @@ class RunManager:
         seq = await db_sync_to_async(lifecycle.record_delta)(run.pk, text)
         if seq is None:
             return False  # the run ended: no delta may follow its terminal event
-        payload = protocol.delta_payload(run.run_id, key, gen, seq, text[len(sent):], text, delivery.now_ms())
+        payload = protocol.delta_payload(run.run_id, key, gen, seq, text[len(sent):], text, protocol.now_ms())
         await delivery.agroup_send_all(owner, delivery.chat_message(owner, run.pk, payload))
         return True
 
@@ -412,11 +413,6 @@ async def _aclose(stream: Any) -> None:
     if closer is not None:
         with contextlib.suppress(Exception):
             await closer()
-
-
-async def _stored_reply(run_pk: int) -> str | None:
-    run = await db_sync_to_async(lifecycle.get_run)(run_pk)
-    return run.reply if run is not None else None
 
 
 def _reconcile_snapshot(server_id: str, local: list[int]) -> tuple[list[int], list[tuple[int, str]]]:
