@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from asgiref.sync import async_to_sync
+from asgiref.sync import SyncToAsync, async_to_sync
 from channels.layers import get_channel_layer
 
 from . import groups, protocol
@@ -53,12 +53,13 @@ def call_from_thread(fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) ->
     """Run `fn(*args)` on the serving event loop from a worker thread; False if it did not finish.
 
     The wait is bounded: a loop that stops meanwhile (shutdown, the end of a test) must
-    never strand the worker thread, or the process could not even exit. Outside a
-    server (management commands) there is no serving loop and `async_to_sync` makes one.
+    never strand the worker thread, or the process could not even exit. Only a thread
+    that no event loop started (a management command) lets `async_to_sync` make a loop.
     """
     from .runtime.manager import run_manager
 
-    loop = run_manager.loop
+    # The loop whose executor runs this thread (asgiref records it), else the serving loop.
+    loop = getattr(SyncToAsync.threadlocal, "main_event_loop", None) or run_manager.loop
     try:
         if loop is None:
             async_to_sync(fn)(*args)
