@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.servers import ServerHandle, base_env, create_token, manage, start_server, ws_client
+from tests.support.servers import ServerHandle, base_env, create_token, manage, start_server, ws_client
 
 
 def rss_mb(pid: int) -> float:

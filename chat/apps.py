@@ -6,3 +6,12 @@ class ChatConfig(AppConfig):
 
     name = "chat"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from sessions_app import signals
+
+        from . import metrics, receivers
+
+        signals.run_transitioned.connect(receivers.on_run_transitioned, dispatch_uid="chat-run-transitioned")
+        signals.session_changed.connect(receivers.on_session_changed, dispatch_uid="chat-session-changed")
+        signals.run_transitioned.connect(metrics.on_run_transitioned, dispatch_uid="chat-metrics-run-end")

@@ -1,41 +1,42 @@
-"""Broadcasts to channel-layer groups, called from on-commit callbacks.
+"""Broadcasts to channel-layer groups, in commit order, never blocking the committer.
 
-Failures are logged and swallowed: a broadcast never undoes a committed change,
-and the repair loop in every connection (§9) fills in what a layer dropped.
+On-commit callbacks hand their message to the serving loop and return at once: a
+database thread never waits for the event loop (nor strands when the loop stops).
+One sender task per process sends them in the order they were committed. Failures
+are logged and swallowed: a broadcast never undoes a committed change, and repair
+(§9) fills in whatever a layer dropped. A process with no serving loop (a management
+command) sends synchronously.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import contextlib
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from asgiref.sync import SyncToAsync, async_to_sync
 from channels.layers import get_channel_layer
 
-from . import groups, protocol
+from . import groups
 
 log = logging.getLogger(__name__)
-_pending: set[asyncio.Future[None]] = set()  # keep scheduled sends referenced until done
-
 
 
 def chat_message(owner_id: int, run_pk: int, payload: dict[str, Any]) -> dict[str, Any]:
+    """A layer message carrying a `chat` event of one run."""
     return {"type": "gateway.chat", "owner": owner_id, "run": run_pk, "payload": payload}
 
 
-def session_message(
-    owner_id: int, session_pk: int, reason: str, row: dict[str, Any], run_id: str | None
-) -> dict[str, Any]:
-    payload: dict[str, Any] = {"sessionKey": row["key"], "reason": reason, "ts": protocol.now_ms(), "session": row}
-    if run_id:
-        payload["runId"] = run_id
+def session_message(owner_id: int, session_pk: int, payload: dict[str, Any]) -> dict[str, Any]:
+    """A layer message carrying a `sessions.changed` event of one session."""
     return {"type": "gateway.session", "owner": owner_id, "session": session_pk, "payload": payload}
 
 
 async def agroup_send_all(owner_id: int, message: dict[str, Any]) -> None:
+    """Send to the owner's connections and to operators subscribed to every session."""
     layer = get_channel_layer()
     if layer is None:
         return
@@ -46,69 +47,87 @@ async def agroup_send_all(owner_id: int, message: dict[str, Any]) -> None:
             log.exception("group_send to %s failed", group)
 
 
-LOOP_CALL_TIMEOUT = 10.0
+class Broadcaster:
+    """The per-process queue of committed broadcasts and the task that sends them in order."""
 
+    def __init__(self) -> None:
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.queue: asyncio.Queue[Callable[[], Awaitable[None]]] | None = None
+        self.task: asyncio.Task[None] | None = None
 
-def call_from_thread(fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> bool:
-    """Run `fn(*args)` on the serving event loop from a worker thread; False if it did not finish.
+    def start(self) -> None:
+        """Bind to the running loop (the serving loop)."""
+        self.loop = asyncio.get_running_loop()
+        self.queue = asyncio.Queue()
+        self.task = self.loop.create_task(self._run())
 
-    The wait is bounded: a loop that stops meanwhile (shutdown, the end of a test) must
-    never strand the worker thread, or the process could not even exit. Only a thread
-    that no event loop started (a management command) lets `async_to_sync` make a loop.
-    """
-    from .runtime.manager import run_manager
+    async def stop(self) -> None:
+        """Send what is queued (briefly), then stop."""
+        queue, task = self.queue, self.task
+        self.loop = self.queue = self.task = None
+        if queue is not None and task is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(queue.join(), 2)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
-    # The loop whose executor runs this thread (asgiref records it), else the serving loop.
-    loop = getattr(SyncToAsync.threadlocal, "main_event_loop", None) or run_manager.loop
-    try:
-        if loop is None:
-            async_to_sync(fn)(*args)
-            return True
-        if loop.is_closed() or not loop.is_running():
-            return False
-        future = asyncio.run_coroutine_threadsafe(fn(*args), loop)
+    async def _run(self) -> None:
+        assert self.queue is not None
+        queue = self.queue
+        while True:
+            send = await queue.get()
+            try:
+                await send()
+            except Exception:
+                log.exception("broadcast failed")
+            finally:
+                queue.task_done()
+
+    def send(self, owner_id: int, message: dict[str, Any]) -> None:
+        """Queue a broadcast to an owner's connections (and operators), from any thread."""
+        self._enqueue(partial(agroup_send_all, owner_id, message))
+
+    def route(self, group: str, message: dict[str, Any]) -> None:
+        """Queue a message to one group (another process's runtime), from any thread."""
+        self._enqueue(partial(_group_send, group, message))
+
+    def _enqueue(self, send: Callable[[], Awaitable[None]]) -> None:
+        loop, queue = self.loop, self.queue
+        if loop is not None and queue is not None and loop.is_running():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: repair covers it
+                if _running_loop() is loop:
+                    queue.put_nowait(send)
+                else:
+                    loop.call_soon_threadsafe(queue.put_nowait, send)
+            return
+        # No serving loop here. A worker thread of some other loop (a test calling services
+        # directly) schedules the send there without waiting; a command sends synchronously.
+        other = getattr(SyncToAsync.threadlocal, "main_event_loop", None)
+        if other is not None and other.is_running():
+            asyncio.run_coroutine_threadsafe(_call(send), other)
+            return
         try:
-            future.result(LOOP_CALL_TIMEOUT)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            return False
-        return True
-    except (Exception, asyncio.CancelledError):
-        log.warning("call on the event loop failed", exc_info=True)
-        return False
+            async_to_sync(_call)(send)
+        except Exception:
+            log.warning("broadcast not sent", exc_info=True)
 
 
-def group_send_all(owner_id: int, message: dict[str, Any]) -> None:
-    """Sync twin of agroup_send_all, for on-commit callbacks on worker threads."""
+async def _call(send: Callable[[], Awaitable[None]]) -> None:
+    await send()
+
+
+async def _group_send(group: str, message: dict[str, Any]) -> None:
+    layer = get_channel_layer()
+    if layer is not None:
+        await layer.group_send(group, message)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
     try:
-        asyncio.get_running_loop()
+        return asyncio.get_running_loop()
     except RuntimeError:
-        # A broadcast that does not happen is logged, never raised: the change is
-        # committed, the repair loop delivers it, and the transaction's remaining
-        # on-commit callbacks must still run.
-        if not call_from_thread(agroup_send_all, owner_id, message):
-            log.warning("broadcast to owner %s not sent", owner_id)
-        return
-    # Called on an event-loop thread (never from the lifecycle service): schedule it.
-    task = asyncio.ensure_future(agroup_send_all(owner_id, message))
-    _pending.add(task)
-    task.add_done_callback(_pending.discard)
+        return None
 
 
-def send_chat(owner_id: int, run_pk: int, payload: dict[str, Any]) -> None:
-    group_send_all(owner_id, chat_message(owner_id, run_pk, payload))
-
-
-def send_row(owner_id: int, session_pk: int, reason: str, run_id: str | None,
-             fallback_row: dict[str, Any] | None = None) -> None:
-    """Broadcast sessions.changed built from committed state (or the deleted row)."""
-    from sessions_app.selectors import session_row
-
-    try:
-        row = session_row(session_pk) or fallback_row
-    except Exception:
-        log.warning("row %s not read for broadcast", session_pk, exc_info=True)
-        return
-    if row is None:
-        return
-    group_send_all(owner_id, session_message(owner_id, session_pk, reason, row, run_id))
+broadcaster = Broadcaster()

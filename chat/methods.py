@@ -1,4 +1,5 @@
-"""Request handlers: validate with `protocol`, act through the lifecycle service and selectors."""
+"""Request handlers: validate with `protocol`, act through the lifecycle services and selectors,
+answer with `wire`. Each declares its method name and the scope it needs."""
 
 from __future__ import annotations
 
@@ -8,26 +9,26 @@ from typing import Any, Protocol
 
 from django.conf import settings
 
-from chat.db import db_sync_to_async
-from sessions_app import lifecycle, selectors
-from sessions_app.lifecycle import LifecycleError, SendOutcome, SendRequest
-from sessions_app.models import ACTIVE_STATES, Run, RunState
+from sessions_app import selectors
+from sessions_app.lifecycle import LifecycleError, runs, sessions
+from sessions_app.lifecycle.runs import SendOutcome, SendRequest
+from sessions_app.models import RunState
 
-from . import protocol
-from .protocol import ProtocolError, invalid
+from . import groups, metrics, protocol, wire
+from .connection import ConnectionState
+from .db import db_sync_to_async
+from .protocol import ProtocolError, Scope, invalid
 from .runtime.backends import get_backend
-from .runtime.manager import run_manager
+from .runtime.gateway import runtime
+from .wire import AckStatus
 
 
 class Conn(Protocol):
     """What handlers need from the connection."""
 
-    user_id: int
-    is_admin: bool
-    held_acks: int
+    state: ConnectionState
 
-    def track_run(self, run_pk: int, *, terminal: bool, run_id: str, session_key: str, session_id: str) -> None: ...
-    def set_subscription(self, subscribed: bool, *, all_sessions: bool = False) -> None: ...
+    async def join_group(self, group: str) -> None: ...
 
 
 @dataclass
@@ -44,73 +45,91 @@ class Reply:
 
 
 Handler = Callable[[Conn, dict[str, Any]], Awaitable[Reply]]
-HANDLERS: dict[str, Handler] = {}
 
 
-def method(name: str) -> Callable[[Handler], Handler]:
+@dataclass(frozen=True)
+class Method:
+    name: str
+    scope: Scope
+    handler: Handler
+
+
+METHODS: dict[str, Method] = {}
+
+
+def method(name: str, *, scope: Scope) -> Callable[[Handler], Handler]:
+    """Register a handler for `name`, callable with `scope`."""
+
     def register(fn: Handler) -> Handler:
-        HANDLERS[name] = fn
+        METHODS[name] = Method(name, scope, fn)
         return fn
 
     return register
 
 
+def lookup(name: str, state: ConnectionState) -> Method:
+    """The method a request names, if it exists and the connection has its scope."""
+    found = METHODS.get(name)
+    if found is None:
+        raise invalid(f"unknown method: {name}", code="UNKNOWN_METHOD", field="method")
+    if found.scope not in state.scopes:
+        raise ProtocolError("FORBIDDEN", f"{name} needs scope {found.scope}")
+    return found
 
-def _lifecycle_error(exc: LifecycleError) -> ProtocolError:
-    return ProtocolError(exc.code, exc.message, **exc.details)
+
+async def dispatch(conn: Conn, name: str, params: dict[str, Any]) -> Reply:
+    """Run the handler of a request (metered where the metrics want it)."""
+    found = lookup(name, conn.state)
+    if name in metrics.METERED:
+        reply: Reply = await metrics.metered(name, found.handler, conn, params)
+        return reply
+    return await found.handler(conn, params)
 
 
 async def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Run a sync service on a worker thread, mapping domain errors to protocol errors."""
+    """Run a sync service on a database thread, mapping domain errors to protocol errors."""
     try:
         return await db_sync_to_async(fn)(*args, **kwargs)
     except LifecycleError as exc:
-        raise _lifecycle_error(exc) from exc
+        raise ProtocolError(exc.code, exc.message, **exc.details) from exc
 
 
 # --- health -----------------------------------------------------------------------------------
 
 
-def _run_counts() -> tuple[int, int]:
-    active = Run.objects.filter(state__in=ACTIVE_STATES).count()
-    queued = Run.objects.filter(state=RunState.QUEUED).count()
-    return active, queued
-
-
-@method("health")
+@method("health", scope=Scope.READ)
 async def health(conn: Conn, params: dict[str, Any]) -> Reply:
-    active, queued = await db_sync_to_async(_run_counts)()
-    return Reply({"ok": True, "ts": protocol.now_ms(), "version": settings.GATEWAY_VERSION,
+    active, queued = await db_sync_to_async(selectors.open_run_counts)()
+    return Reply({"ok": True, "ts": wire.now_ms(), "version": settings.GATEWAY_VERSION,
                   "activeRuns": active, "queuedRuns": queued})
 
 
 # --- chat.send / sessions.steer ------------------------------------------------------------------
 
 
-def _ack_reply(conn: Conn, outcome: SendOutcome, send: protocol.ChatSendParams) -> Reply:
-    session = outcome.session
-    run = outcome.run
-    status = outcome.status
-    if status == "conflict":
+def _ack_reply(conn: Conn, outcome: SendOutcome, status: AckStatus | None = None) -> Reply:
+    """The ack of an admission (or, for a held ack, of the run as it is now)."""
+    if outcome.admission == "conflict":
         raise ProtocolError(
             "CONFLICT", "idempotencyKey was already used with a different message",
             field="idempotencyKey", reason="idempotency-conflict",
         )
-    if status == "queue_full":
+    if outcome.admission == "queue_full":
         raise ProtocolError(
             "RATE_LIMITED", f"the session queue is full ({settings.GATEWAY_QUEUE_MAX})",
             reason="queue-full", retryable=True, retry_after_ms=1000,
         )
+    session, run = outcome.session, outcome.run
     assert run is not None
-    terminal = status in ("ok", "timeout", "error")
-    conn.track_run(run.pk, terminal=terminal, run_id=run.run_id, session_key=session.key,
-                   session_id=str(run.session_generation))
-    payload = protocol.ack_payload(
+    status = status or wire.ack_status(outcome)
+    conn.state.track_run(run.pk, terminal=status in wire.TERMINAL_ACKS, run_id=run.run_id, session_key=session.key,
+                         session_id=str(run.session_generation))
+    payload = wire.ack_payload(
         run, status, session.key, str(session.session_id),
-        queuePosition=outcome.queue_position if status in ("queued", "in_flight") else None,
+        queuePosition=outcome.queue_position if status in (AckStatus.QUEUED, AckStatus.IN_FLIGHT) else None,
         interruptedActiveRun=True if outcome.interrupted_active_run else None,
     )
-    if status == "error":
+    if status == AckStatus.ERROR:
         return Reply(payload, {"code": "UNAVAILABLE", "message": payload.get("summary", "run failed")})
     return Reply(payload)
 
@@ -119,12 +138,11 @@ async def _send(conn: Conn, params: dict[str, Any], *, steer: bool) -> Reply:
     send = protocol.parse_chat_send(params)
     if steer:
         send.queue_mode = "interrupt"
-    command = send.command
-    if command is not None:
-        return await _command(conn, send, command)
-    if not run_manager.accepting:
+    if send.command is not None:
+        return await _command(conn, send, send.command)
+    if not runtime.accepting:
         raise ProtocolError("UNAVAILABLE", "server is shutting down", retryable=True, retry_after_ms=1000)
-    if send.wait_ms > 0 and conn.held_acks >= settings.GATEWAY_MAX_HELD_ACKS:
+    if send.wait_ms > 0 and conn.state.held_acks >= settings.GATEWAY_MAX_HELD_ACKS:
         raise ProtocolError(
             "RATE_LIMITED", f"at most {settings.GATEWAY_MAX_HELD_ACKS} acks may be held by waitMs at once",
             field="waitMs", reason="too-many-held-acks", retryable=True, retry_after_ms=1000,
@@ -135,57 +153,59 @@ async def _send(conn: Conn, params: dict[str, Any], *, steer: bool) -> Reply:
         else backend.check_setup(send.message, send.attachments)
     )
     request = SendRequest(
-        owner_id=conn.user_id, key=send.key, agent_id=send.agent_id, run_id=send.run_id, message=send.message,
+        owner_id=conn.state.user_id, key=send.key, agent_id=send.agent_id, run_id=send.run_id, message=send.message,
         body_hash=send.body_hash, timeout_ms=send.timeout_ms, attachments=send.attachments,
         queue_mode=send.queue_mode, interrupt_reason="steer" if steer else "interrupt", setup_error=setup_error,
     )
-    outcome: SendOutcome = await call(lifecycle.admit_send, request)
-    reply = _ack_reply(conn, outcome, send)
-    if send.wait_ms > 0 and outcome.status in ("started", "queued", "in_flight") and outcome.run is not None:
-        run_pk = outcome.run.pk
-
-        async def held() -> Reply:
-            run = await run_manager.wait_terminal(run_pk, send.wait_ms / 1000)
-            if run is None:
-                # Gone with its deleted session: that ended it (aborted, stopReason delete).
-                conn.track_run(run_pk, terminal=True, run_id=send.run_id, session_key=outcome.session.key,
-                               session_id=str(outcome.session.session_id))
-                return Reply(protocol.ack_payload(None, "timeout", outcome.session.key,
-                                                  str(outcome.session.session_id), runId=send.run_id,
-                                                  stopReason="delete"))
-            # Rebuilt from the run as it is now: a terminal ack once it has ended, a
-            # fresh queue position while it waits.
-            status = lifecycle.replay_status(run)
-            if status == "in_flight" and outcome.status != "in_flight":
-                status = "queued" if run.state == RunState.QUEUED else "started"
-            position = await db_sync_to_async(lifecycle.queue_position)(run) if status != "started" else None
-            return _ack_reply(conn, SendOutcome(status, run, outcome.session, position), send)
-
-        return Reply(wait=held)
+    outcome: SendOutcome = await call(runs.admit_send, request, owner_process=runtime.owner_for_new_runs())
+    reply = _ack_reply(conn, outcome)
+    if send.wait_ms > 0 and outcome.run is not None and wire.ack_status(outcome) in wire.LIVE_ACKS:
+        return Reply(wait=lambda: _held_ack(conn, outcome, send))
     return reply
+
+
+async def _held_ack(conn: Conn, outcome: SendOutcome, send: protocol.ChatSendParams) -> Reply:
+    """The ack of a send with `waitMs`: the run's outcome once it ends, or its live state at the deadline."""
+    assert outcome.run is not None
+    first = wire.ack_status(outcome)
+    session = outcome.session
+    run = await runtime.executor.wait_terminal(outcome.run.pk, send.wait_ms / 1000)
+    if run is None:
+        # Gone with its deleted session: that ended it (aborted, stopReason delete).
+        conn.state.track_run(outcome.run.pk, terminal=True, run_id=send.run_id, session_key=session.key,
+                             session_id=str(session.session_id))
+        return Reply(wire.ack_payload(None, AckStatus.TIMEOUT, session.key, str(session.session_id),
+                                      runId=send.run_id, stopReason="delete"))
+    # Rebuilt from the run as it is now: a terminal ack once it has ended, a fresh
+    # queue position while it waits.
+    status = wire.replay_ack(run)
+    if status == AckStatus.IN_FLIGHT and first != AckStatus.IN_FLIGHT:
+        status = AckStatus.QUEUED if run.state == RunState.QUEUED else AckStatus.STARTED
+    position = await db_sync_to_async(selectors.queue_position)(run) if status != AckStatus.STARTED else None
+    return _ack_reply(conn, SendOutcome(outcome.admission, run, session, position), status)
 
 
 async def _command(conn: Conn, send: protocol.ChatSendParams, command: str) -> Reply:
     """Inline commands: no run is created (§4)."""
+    owner_id = conn.state.user_id
     if command in protocol.STOP_COMMANDS:
-        session, killed = await call(lifecycle.stop_session, conn.user_id, send.key, agent_id=send.agent_id)
-        extra: dict[str, Any] = {"aborted": bool(killed), "runIds": killed}
+        session, killed = await call(sessions.abort_all, owner_id=owner_id, key=send.key, stop_reason="stop",
+                                     actor="user", create=True, agent_id=send.agent_id)
     else:
-        session, killed = await call(
-            lifecycle.reset_session, conn.user_id, send.key, create=True, agent_id=send.agent_id
-        )
-        extra = {"aborted": bool(killed), "runIds": killed}
-    payload = protocol.ack_payload(None, "ok", session.key, str(session.session_id), runId=send.run_id, **extra)
+        session, killed = await call(sessions.reset_session, owner_id=owner_id, key=send.key, create=True,
+                                     agent_id=send.agent_id)
+    payload = wire.ack_payload(None, AckStatus.OK, session.key, str(session.session_id), runId=send.run_id,
+                               aborted=bool(killed), runIds=killed)
     payload["command"] = command
     return Reply(payload)
 
 
-@method("chat.send")
+@method("chat.send", scope=Scope.WRITE)
 async def chat_send(conn: Conn, params: dict[str, Any]) -> Reply:
     return await _send(conn, params, steer=False)
 
 
-@method("sessions.steer")
+@method("sessions.steer", scope=Scope.WRITE)
 async def sessions_steer(conn: Conn, params: dict[str, Any]) -> Reply:
     # The chat.send ack, unchanged: a terminal status stays terminal (§7).
     return await _send(conn, params, steer=True)
@@ -194,22 +214,25 @@ async def sessions_steer(conn: Conn, params: dict[str, Any]) -> Reply:
 # --- chat.abort / chat.history ----------------------------------------------------------------
 
 
-@method("chat.abort")
+@method("chat.abort", scope=Scope.WRITE)
 async def chat_abort(conn: Conn, params: dict[str, Any]) -> Reply:
     key, _agent = protocol.session_key_param(params)
     run_id = protocol.get_str(params, "runId", required=False, max_len=128, pattern=protocol.RUN_ID_RE)
-    outcome = await call(lifecycle.abort, conn.user_id, key, run_id)
+    outcome = await call(sessions.abort, owner_id=conn.state.user_id, key=key, run_id=run_id,
+                         owner_process=runtime.owner_for_new_runs())
     return Reply({"aborted": outcome.aborted, "runIds": outcome.run_ids})
 
 
-def _history(owner_id: int, key: str, limit: int, before_id: int | None) -> dict[str, Any] | None:
+def _history(owner_id: int, key: str, limit: int, before_id: int | None) -> dict[str, Any]:
     session = selectors.find_session(owner_id, key)
     if session is None:
-        return None
-    return selectors.history(session, limit=limit, before_id=before_id)
+        # A key that was never used is an empty conversation, not an error.
+        return {"sessionKey": key, "sessionId": None, "messages": [], "hasMore": False, "session": None,
+                "queuedRuns": []}
+    return wire.history(session, selectors.transcript(session, limit=limit, before_id=before_id))
 
 
-@method("chat.history")
+@method("chat.history", scope=Scope.READ)
 async def chat_history(conn: Conn, params: dict[str, Any]) -> Reply:
     key, _agent = protocol.session_key_param(params)
     limit = protocol.get_int(params, "limit", lo=1, hi=1000, default=200) or 200
@@ -219,12 +242,7 @@ async def chat_history(conn: Conn, params: dict[str, Any]) -> Reply:
         if isinstance(before_raw, bool) or not isinstance(before_raw, str | int) or not str(before_raw).isdigit():
             raise invalid("beforeId must be a message id", field="beforeId")
         before_id = int(before_raw)
-    payload = await db_sync_to_async(_history)(conn.user_id, key, limit, before_id)
-    if payload is None:
-        # A key that was never used is an empty conversation, not an error.
-        payload = {"sessionKey": key, "sessionId": None, "messages": [], "hasMore": False, "session": None,
-                   "queuedRuns": []}
-    return Reply(payload)
+    return Reply(await db_sync_to_async(_history)(conn.state.user_id, key, limit, before_id))
 
 
 # --- sessions.* --------------------------------------------------------------------------------
@@ -232,7 +250,11 @@ async def chat_history(conn: Conn, params: dict[str, Any]) -> Reply:
 LIST_STATUSES = {"running", "done", "failed", "killed", "timeout", "none"}
 
 
-@method("sessions.list")
+def _list(owner_id: int, offset: int, **filters: Any) -> dict[str, Any]:
+    return wire.session_list(selectors.list_sessions(owner_id, offset=offset, **filters), offset)
+
+
+@method("sessions.list", scope=Scope.READ)
 async def sessions_list(conn: Conn, params: dict[str, Any]) -> Reply:
     limit = protocol.get_int(params, "limit", lo=1, hi=500, default=100) or 100
     offset = protocol.get_int(params, "offset", lo=0, hi=10_000_000, default=0) or 0
@@ -241,34 +263,35 @@ async def sessions_list(conn: Conn, params: dict[str, Any]) -> Reply:
         raise invalid("status must be one of " + ", ".join(sorted(LIST_STATUSES)), field="status")
     active_only = protocol.get_bool(params, "activeOnly")
     search = protocol.get_str(params, "search", required=False, min_len=0, max_len=200)
-    result = await db_sync_to_async(selectors.list_sessions)(
-        conn.user_id, limit=limit, offset=offset, status=status, active_only=active_only, search=search or None
-    )
-    return Reply({"ts": protocol.now_ms(), **result})
+    return Reply(await db_sync_to_async(_list)(
+        conn.state.user_id, offset, limit=limit, status=status, active_only=active_only, search=search or None
+    ))
 
 
-@method("sessions.subscribe")
+@method("sessions.subscribe", scope=Scope.READ)
 async def sessions_subscribe(conn: Conn, params: dict[str, Any]) -> Reply:
     scope = protocol.get_str(params, "scope", required=False, max_len=16)
     if scope not in (None, "owner", "all"):
         raise invalid("scope must be 'owner' or 'all'", field="scope")
-    if scope == "all" and not conn.is_admin:
+    if scope == "all" and not conn.state.is_admin:
         raise ProtocolError("FORBIDDEN", "scope 'all' needs operator.admin")
-    conn.set_subscription(True, all_sessions=scope == "all")
+    conn.state.set_subscription(True, all_sessions=scope == "all")
+    if scope == "all":
+        await conn.join_group(groups.OPERATORS)
     return Reply({"subscribed": True})
 
 
-@method("sessions.unsubscribe")
+@method("sessions.unsubscribe", scope=Scope.READ)
 async def sessions_unsubscribe(conn: Conn, params: dict[str, Any]) -> Reply:
-    conn.set_subscription(False)
+    conn.state.set_subscription(False)
     return Reply({"subscribed": False})
 
 
-def _row_of(session: Any) -> dict[str, Any]:
-    return selectors.session_rows([session])[0]
+def _row(session_pk: int) -> dict[str, Any] | None:
+    return wire.row_of(session_pk)
 
 
-@method("sessions.create")
+@method("sessions.create", scope=Scope.WRITE)
 async def sessions_create(conn: Conn, params: dict[str, Any]) -> Reply:
     agent_id = protocol.get_str(params, "agentId", required=False, max_len=64, pattern=protocol.AGENT_ID_RE)
     label = protocol.get_str(params, "label", required=False, min_len=0, max_len=200) or ""
@@ -284,27 +307,28 @@ async def sessions_create(conn: Conn, params: dict[str, Any]) -> Reply:
     agent_id = agent_id or "main"
     if agent_id not in settings.GATEWAY_AGENTS:
         raise ProtocolError("NOT_FOUND", f"unknown agent: {agent_id}", field="agentId")
-    session = await call(lifecycle.create_session, conn.user_id, key, label=label, agent_id=agent_id)
-    return Reply({"session": await db_sync_to_async(_row_of)(session)})
+    session = await call(sessions.create_session, owner_id=conn.state.user_id, key=key, label=label,
+                         agent_id=agent_id)
+    return Reply({"session": await db_sync_to_async(_row)(session.pk)})
 
 
-@method("sessions.patch")
+@method("sessions.patch", scope=Scope.WRITE)
 async def sessions_patch(conn: Conn, params: dict[str, Any]) -> Reply:
     key, _agent = protocol.session_key_param(params)
     label = protocol.get_str(params, "label", min_len=0, max_len=200)
-    session = await call(lifecycle.patch_session, conn.user_id, key, label=label or "")
-    return Reply({"session": await db_sync_to_async(_row_of)(session)})
+    session = await call(sessions.patch_session, owner_id=conn.state.user_id, key=key, label=label or "")
+    return Reply({"session": await db_sync_to_async(_row)(session.pk)})
 
 
-@method("sessions.reset")
+@method("sessions.reset", scope=Scope.WRITE)
 async def sessions_reset(conn: Conn, params: dict[str, Any]) -> Reply:
     key, _agent = protocol.session_key_param(params)
-    session, _killed = await call(lifecycle.reset_session, conn.user_id, key)
-    return Reply({"session": await db_sync_to_async(_row_of)(session)})
+    session, _killed = await call(sessions.reset_session, owner_id=conn.state.user_id, key=key)
+    return Reply({"session": await db_sync_to_async(_row)(session.pk)})
 
 
-@method("sessions.delete")
+@method("sessions.delete", scope=Scope.WRITE)
 async def sessions_delete(conn: Conn, params: dict[str, Any]) -> Reply:
     key, _agent = protocol.session_key_param(params)
-    await call(lifecycle.delete_session, conn.user_id, key)
+    await call(sessions.delete_session, owner_id=conn.state.user_id, key=key)
     return Reply({"deleted": True, "sessionKey": key})

@@ -20,6 +20,8 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
+from .runtime.gateway import runtime
+
 READY_TIMEOUT_SECONDS = 2.0
 
 
@@ -64,11 +66,9 @@ async def _timed(check: Any) -> tuple[bool, str, float]:
 @require_GET
 async def readyz(request: HttpRequest) -> JsonResponse:
     """Database and channel layer reachable (503 otherwise, or while the process drains)."""
-    from chat.runtime.manager import run_manager
-
     db_ok, db_msg, db_s = await _timed(sync_to_async(_check_database))
     layer_ok, layer_msg, layer_s = await _timed(_check_channel_layer)
-    draining = not run_manager.accepting
+    draining = not runtime.accepting
     checks = {
         "database": {"ok": db_ok, "detail": db_msg, "ms": round(db_s * 1000, 1)},
         "channelLayer": {"ok": layer_ok, "detail": layer_msg, "ms": round(layer_s * 1000, 1)},
@@ -83,7 +83,5 @@ async def readyz(request: HttpRequest) -> JsonResponse:
 def metrics(request: HttpRequest) -> HttpResponse:
     """Prometheus text exposition of this process's registry."""
     from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
-
-    from sessions_app import metrics as _collectors  # noqa: F401  (registers the collectors)
 
     return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)

@@ -1,8 +1,7 @@
-"""Protocol v4: frame parsing, parameter validation, error envelopes and payload encoding.
+"""Protocol v4 input: frame parsing, parameter validation, error envelopes and frames.
 
-All parsing and validation of client input lives here, and every payload built
-here is made of JSON-safe primitives (channels-redis' msgpack rejects UUIDs and
-datetimes), so anything returned can go straight through a channel layer.
+All parsing and validation of client input lives here; what the gateway says about
+its state (rows, chat events, acks) is encoded in `chat.wire`.
 """
 
 from __future__ import annotations
@@ -12,39 +11,29 @@ import binascii
 import hashlib
 import json
 import re
-import time
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from enum import StrEnum
+from typing import Any
 
 from django.conf import settings
 
-if TYPE_CHECKING:
-    from sessions_app.models import Run
-
 PROTOCOL_VERSION = 4
 
-METHOD_SCOPES: dict[str, str] = {
-    "health": "operator.read",
-    "chat.history": "operator.read",
-    "sessions.list": "operator.read",
-    "sessions.subscribe": "operator.read",
-    "sessions.unsubscribe": "operator.read",
-    "chat.send": "operator.write",
-    "chat.abort": "operator.write",
-    "sessions.create": "operator.write",
-    "sessions.patch": "operator.write",
-    "sessions.reset": "operator.write",
-    "sessions.delete": "operator.write",
-    "sessions.steer": "operator.write",
-}
-METHODS = ["connect", *METHOD_SCOPES]
 EVENTS = ["connect.challenge", "chat", "sessions.changed", "tick", "shutdown"]
-ALL_SCOPES = ("operator.read", "operator.write", "operator.admin")
 
-KEY_NAME_RE = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
-AGENT_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-RUN_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+class Scope(StrEnum):
+    """Operator scopes (§2.4); each method declares the one it needs."""
+
+    READ = "operator.read"
+    WRITE = "operator.write"
+    ADMIN = "operator.admin"
+
+# Always matched whole (`fullmatch`): `$` would let a trailing newline through.
+KEY_NAME_RE = re.compile(r"[A-Za-z0-9._:-]{1,200}")
+AGENT_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+RUN_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+MIME_RE = re.compile(r"(image|text)/[A-Za-z0-9.+-]+")
 # Control characters other than tab, LF and CR are stripped from messages.
 CONTROL_RE = re.compile(r"[\x01-\x08\x0b\x0c\x0e-\x1f\x7f]")
 FRAME_KEYS = {"type", "id", "method", "params"}
@@ -165,7 +154,7 @@ def get_str(
         raise invalid(f"{name} must be a string", field=name)
     if not (min_len <= len(value) <= max_len):
         raise invalid(f"{name} must be {min_len}..{max_len} characters", field=name)
-    if pattern is not None and not pattern.match(value):
+    if pattern is not None and not pattern.fullmatch(value):
         raise invalid(f"{name} has invalid characters", field=name)
     return value
 
@@ -194,11 +183,11 @@ def canonical_key(raw: str, *, field: str = "sessionKey") -> tuple[str, str]:
     """Return (canonical key, agent id) for `raw`; NOT_FOUND for an unknown agent."""
     if raw.startswith("agent:"):
         parts = raw.split(":", 2)
-        if len(parts) != 3 or not AGENT_ID_RE.match(parts[1]) or not KEY_NAME_RE.match(parts[2]):
+        if len(parts) != 3 or not AGENT_ID_RE.fullmatch(parts[1]) or not KEY_NAME_RE.fullmatch(parts[2]):
             raise invalid("sessionKey must be agent:<agentId>:<name>", field=field)
         agent_id, name = parts[1], parts[2]
     else:
-        if not KEY_NAME_RE.match(raw):
+        if not KEY_NAME_RE.fullmatch(raw):
             raise invalid("sessionKey name must be 1..200 chars of [A-Za-z0-9._:-]", field=field)
         agent_id, name = "main", raw
     if agent_id not in settings.GATEWAY_AGENTS:
@@ -244,7 +233,7 @@ def _attachment(item: Any, index: int) -> dict[str, Any]:
     if not isinstance(item, dict):
         raise invalid("attachment must be an object", field=where)
     mime = item.get("mimeType")
-    if not isinstance(mime, str) or not re.match(r"^(image|text)/[A-Za-z0-9.+-]+$", mime):
+    if not isinstance(mime, str) or not MIME_RE.fullmatch(mime):
         raise invalid("mimeType must be image/* or text/*", field=f"{where}.mimeType")
     name = item.get("fileName")
     if name is not None and (not isinstance(name, str) or len(name) > 255):
@@ -336,78 +325,3 @@ def parse_chat_send(params: dict[str, Any]) -> ChatSendParams:
         key=key, agent_id=agent_id, message=message, run_id=run_id, attachments=attachments,
         timeout_ms=timeout_ms or settings.GATEWAY_DEFAULT_TIMEOUT_MS, wait_ms=wait_ms or 0, queue_mode=queue_mode,
     )
-
-
-# --- payloads -----------------------------------------------------------------------------
-
-
-def assistant_message(text: str, timestamp: int | None) -> dict[str, Any]:
-    return {"role": "assistant", "content": [{"type": "text", "text": text}], "timestamp": timestamp}
-
-
-def ms(value: datetime | None) -> int | None:
-    """Epoch milliseconds (the protocol's time format), or None."""
-    return None if value is None else int(value.timestamp() * 1000)
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-def chat_payload_for_run(run: Run, session_key: str) -> dict[str, Any]:
-    """The `chat` event for the run's current state (status phase or terminal), at `run.stream_seq`."""
-    base: dict[str, Any] = {
-        "runId": run.run_id,
-        "sessionKey": session_key,
-        "sessionId": str(run.session_generation),
-        "seq": run.stream_seq,
-    }
-    state = run.state
-    if state in ("queued", "dispatching", "running"):
-        return {**base, "state": "status", "phase": state}
-    if state == "done":
-        return {
-            **base, "state": "final", "stopReason": run.stop_reason or "stop",
-            "message": assistant_message(run.reply, ms(run.ended_at)),
-        }
-    if state == "killed":
-        payload = {**base, "state": "aborted", "stopReason": run.stop_reason or "rpc"}
-        if run.reply:
-            payload["message"] = assistant_message(run.reply, ms(run.ended_at))
-        return payload
-    kind = run.error_kind or ("timeout" if state == "timeout" else "unknown")
-    payload = {**base, "state": "error", "errorKind": kind, "errorMessage": run.error_message or state}
-    if run.reply:
-        payload["message"] = assistant_message(run.reply, ms(run.ended_at))
-    return payload
-
-
-def delta_payload(run_id: str, session_key: str, session_id: str, seq: int, delta: str, text: str,
-                  ts: int) -> dict[str, Any]:
-    return {
-        "runId": run_id, "sessionKey": session_key, "sessionId": session_id, "seq": seq, "state": "delta",
-        "deltaText": delta, "message": assistant_message(text, ts),
-    }
-
-
-def ack_payload(run: Run | None, status: str, session_key: str, session_id: str, **extra: Any) -> dict[str, Any]:
-    """The chat.send acknowledgement for `status` (§4)."""
-    payload: dict[str, Any] = {
-        "runId": run.run_id if run else extra.pop("runId", None),
-        "status": status,
-        "sessionKey": session_key,
-        "sessionId": session_id,
-    }
-    if run is not None and status in ("ok", "timeout", "error"):
-        if status == "ok":
-            payload["reply"] = run.reply
-            payload["stopReason"] = run.stop_reason or "stop"
-        elif status == "timeout":
-            payload["stopReason"] = run.stop_reason or ("timeout" if run.state == "timeout" else "rpc")
-            if run.error_message:
-                payload["summary"] = run.error_message
-        else:
-            payload["summary"] = run.error_message or "run failed"
-            payload["errorKind"] = run.error_kind or "unknown"
-    payload.update({k: v for k, v in extra.items() if v is not None})
-    return payload

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from django.conf import settings
 from django.db.models import Q, QuerySet
@@ -27,8 +27,11 @@ from django.utils import timezone
 from sessions_app import selectors
 from sessions_app.models import TERMINAL_STATES, ChatSession, Run
 
-from . import protocol
+from . import wire
 from .db import db_sync_to_async
+
+if TYPE_CHECKING:
+    from .connection import ConnectionState
 
 log = logging.getLogger(__name__)
 BATCH = 500
@@ -83,14 +86,11 @@ class Scanner:
 
 
 class Repairable(Protocol):
-    authed: bool
-    user_id: int
-    subscribed: bool
-    subscribed_all: bool
-    rows: Any
+    """A connection: its state, and a way to send it events."""
 
-    def open_run_pks(self) -> list[int]: ...
-    async def apply_repair(self, snap: Snapshot) -> None: ...
+    state: ConnectionState
+
+    async def send_events(self, events: list[tuple[str, dict[str, Any]]]) -> None: ...
 
 
 def margin() -> timedelta:
@@ -108,7 +108,7 @@ def take_snapshot(
         for run in Run.objects.select_related("session").filter(pk__in=open_runs):
             entry: dict[str, Any] = {"state": run.state}
             if run.state in TERMINAL_STATES:
-                entry["payload"] = protocol.chat_payload_for_run(run, run.session.key)
+                entry["payload"] = wire.chat_payload(run, run.session.key)
             snap.runs[run.pk] = entry
     ended = scanner.runs.window(Run.objects.select_related("session").exclude(ended_at=None), "ended_at")
     if owners is not None:
@@ -117,7 +117,7 @@ def take_snapshot(
     for run in batch:
         assert run.ended_at is not None
         snap.ended[run.pk] = EndedRun(
-            run.session.owner_id, run.ended_at, protocol.chat_payload_for_run(run, run.session.key)
+            run.session.owner_id, run.ended_at, wire.chat_payload(run, run.session.key)
         )
     scanner.runs.advance(batch, "ended_at", scan_started)
     if want_rows:
@@ -125,7 +125,7 @@ def take_snapshot(
         if owners is not None:
             changed = changed.filter(owner_id__in=owners)
         page = list(changed.order_by("updated_at", "pk")[:BATCH])
-        for session, row in zip(page, selectors.session_rows(page), strict=True):
+        for session, row in zip(page, wire.session_rows(page), strict=True):
             snap.rows[session.pk] = (session.owner_id, row)
         scanner.rows.advance(page, "updated_at", scan_started)
     else:
@@ -138,20 +138,22 @@ def take_snapshot(
 
 async def repair(connections: list[Repairable], scanner: Scanner) -> None:
     """One repair pass for these connections (all of a process's)."""
-    live = [c for c in connections if c.authed]
+    live = [c for c in connections if c.state.authed]
     if not live:
         return
     open_runs: set[int] = set()
     for c in live:
-        open_runs.update(c.open_run_pks())
-    owners = None if any(c.subscribed_all for c in live) else {c.user_id for c in live}
-    subscribed = [c for c in live if c.subscribed]
+        open_runs.update(c.state.open_run_pks())
+    owners = None if any(c.state.subscribed_all for c in live) else {c.state.user_id for c in live}
+    subscribed = [c for c in live if c.state.subscribed]
     known: set[int] = set()
     for c in subscribed:
-        known.update(c.rows)
+        known.update(c.state.rows)
     snap = await db_sync_to_async(take_snapshot)(scanner, open_runs, owners, bool(subscribed), known)
     for c in live:
         try:
-            await c.apply_repair(snap)
+            events = c.state.repair_events(snap)
+            if events:
+                await c.send_events(events)
         except Exception:  # one closing socket must not stop the others
             log.debug("repair of one connection failed", exc_info=True)

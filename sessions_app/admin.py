@@ -31,7 +31,9 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.text import Truncator
 
-from . import lifecycle, ops_selectors
+from . import ops_selectors
+from .lifecycle import operators
+from .lifecycle import sessions as session_services
 from .models import (
     ACTIVE_STATES,
     Actor,
@@ -429,15 +431,15 @@ class ChatSessionAdmin(RowAnnotationsMixin, admin.ModelAdmin):
     def save_model(self, request: HttpRequest, obj: ChatSession, form: Any, change: bool) -> None:
         """Only the label is editable; it changes through `sessions.patch`'s service."""
         if change and "label" in form.changed_data:
-            lifecycle.patch_session(obj.owner_id, obj.key, label=obj.label, actor=Actor.OPERATOR)
+            session_services.patch_session(pk=obj.pk, label=obj.label, actor=Actor.OPERATOR)
 
     def delete_model(self, request: HttpRequest, obj: ChatSession) -> None:
-        lifecycle.delete_session_by_pk(obj.pk, actor=Actor.OPERATOR)
+        session_services.delete_session(pk=obj.pk, actor=Actor.OPERATOR)
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[ChatSession]) -> None:
         for pk in list(queryset.values_list("pk", flat=True)):
             try:
-                lifecycle.delete_session_by_pk(pk, actor=Actor.OPERATOR)
+                session_services.delete_session(pk=pk, actor=Actor.OPERATOR)
             except ChatSession.DoesNotExist:
                 continue  # deleted meanwhile
 
@@ -464,7 +466,7 @@ class ChatSessionAdmin(RowAnnotationsMixin, admin.ModelAdmin):
         )
         sessions = runs = 0
         for session in busy.only("pk", "key"):
-            killed = lifecycle.abort_session_by_pk(session.pk, stop_reason="operator", actor=Actor.OPERATOR)
+            _session, killed = session_services.abort_all(pk=session.pk, stop_reason="operator", actor=Actor.OPERATOR)
             if killed:
                 sessions += 1
                 runs += len(killed)
@@ -482,7 +484,7 @@ class ChatSessionAdmin(RowAnnotationsMixin, admin.ModelAdmin):
             reason = f"{form.cleaned_data['reason']} (by {request.user.get_username()})"
             done: list[str] = []
             for session in queryset.filter(active_run__isnull=False).only("pk", "key"):
-                ended = lifecycle.mark_failed(session.pk, reason_text=reason, actor=Actor.OPERATOR)
+                ended = operators.mark_failed(session.pk, reason_text=reason, actor=Actor.OPERATOR)
                 if ended:
                     done += ended
                     self.log_change(request, session, f"Marked run {ended[0]} failed: {reason}")
@@ -509,7 +511,7 @@ class ChatSessionAdmin(RowAnnotationsMixin, admin.ModelAdmin):
     def reset_sessions(self, request: HttpRequest, queryset: QuerySet[ChatSession]) -> HttpResponse | None:
         count = 0
         for session in queryset.only("pk", "key"):
-            killed = lifecycle.reset_session_by_pk(session.pk, actor=Actor.OPERATOR)
+            _session, killed = session_services.reset_session(pk=session.pk, actor=Actor.OPERATOR)
             count += 1
             self.log_change(request, session, "Reset" + (f"; aborted {', '.join(killed)}" if killed else ""))
         self.message_user(request, f"Reset {count} session(s).", messages.SUCCESS)
@@ -609,8 +611,9 @@ class RunAdmin(RowAnnotationsMixin, admin.ModelAdmin):
     def abort_selected(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
         aborted: list[str] = []
         for run in self.annotate_rows(queryset, request).filter(state__in=(RunState.QUEUED, *ACTIVE_STATES)):
-            outcome = lifecycle.abort(
-                run.session_owner_id, run.session_key, run.run_id, stop_reason="operator", actor=Actor.OPERATOR
+            outcome = session_services.abort(
+                owner_id=run.session_owner_id, key=run.session_key, run_id=run.run_id, owner_process="",
+                stop_reason="operator", actor=Actor.OPERATOR,
             )
             if outcome.aborted:
                 aborted += outcome.run_ids

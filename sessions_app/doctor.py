@@ -16,7 +16,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from . import lifecycle
+from .lifecycle import operators, runs
 from .models import ACTIVE_STATES, OPEN_STATES, Actor, ChatSession, Run, RunState, SessionStatus
 from .process import live_process_ids
 from .recovery import INTERRUPTED_MESSAGE
@@ -134,16 +134,16 @@ def _session_finding(kind: str, session: ChatSession, detail: str) -> Finding:
 
 def _end_run(finding: Finding, to_state: str, **kwargs: Any) -> bool:
     assert finding.run_pk is not None
-    return lifecycle.finish_run(finding.run_pk, to_state, **kwargs)
+    return runs.finish_run(finding.run_pk, to_state, owner_process="", **kwargs)
 
 
 def _interrupt(finding: Finding) -> bool:
     assert finding.run_pk is not None
-    return lifecycle.interrupt_run(finding.run_pk, message=INTERRUPTED_MESSAGE, actor=Actor.REAPER)
+    return runs.interrupt_run(finding.run_pk, message=INTERRUPTED_MESSAGE, actor=Actor.REAPER)
 
 
 def _repair_row(finding: Finding) -> bool:
-    return bool(lifecycle.repair_session_row(finding.session_pk, actor=Actor.OPERATOR))
+    return bool(operators.repair_session_row(finding.session_pk, actor=Actor.OPERATOR))
 
 
 FIXERS: dict[str, tuple[str, Callable[[Finding], bool]]] = {
@@ -160,7 +160,7 @@ FIXERS: dict[str, tuple[str, Callable[[Finding], bool]]] = {
     "running_without_active_run": ("repair the session row", _repair_row),
     "active_without_running_status": ("repair the session row", _repair_row),
     "queued_without_active_run": ("start the next queued run", lambda f: bool(
-        lifecycle.start_next_queued_by_pk(f.session_pk, actor=Actor.OPERATOR))),
+        operators.start_next(f.session_pk, actor=Actor.OPERATOR))),
 }
 
 

@@ -1,4 +1,4 @@
-"""Server-process registry: who is alive, and which process this is."""
+"""Server-process registry: which gateway processes are alive."""
 
 from __future__ import annotations
 
@@ -10,17 +10,6 @@ from django.conf import settings
 from django.utils import timezone
 
 from .models import GatewayProcess, Run, RunState
-
-_current = {"server_id": ""}
-
-
-def set_current(server_id: str) -> None:
-    _current["server_id"] = server_id
-
-
-def current() -> str:
-    """The server id of this process's live run manager, or '' (commands, admin-only processes)."""
-    return _current["server_id"]
 
 
 def register(server_id: str) -> None:

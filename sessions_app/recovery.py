@@ -1,7 +1,7 @@
 """Restart recovery (§8): end the active runs of processes that stopped heartbeating.
 
 Every server process runs `sweep` on each heartbeat; `recover_runs` runs `recover`
-once, with progress. Either way each run goes through `lifecycle.finish_run`, so the
+once, with progress. Either way each run goes through `runs.finish_run`, so the
 first terminal transition wins, the sessions' next queued runs start, and clients
 hear about it. Run from a command, the successors start unowned and the next live
 server process claims them.
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import lifecycle
+from .lifecycle import runs
 from .models import ACTIVE_STATES, Actor, Run
 from .process import live_process_ids
 
@@ -72,7 +72,7 @@ def recover(
     progress = progress_factory(len(result.runs)) if progress_factory else None
     for run in result.runs:
         # First terminal wins: a run that ended meanwhile is left as it is.
-        run["ended"] = lifecycle.interrupt_run(run["runPk"], message=INTERRUPTED_MESSAGE, actor=actor)
+        run["ended"] = runs.interrupt_run(run["runPk"], message=INTERRUPTED_MESSAGE, actor=actor)
         result.ended += int(run["ended"])
         if progress is not None:
             progress(1)

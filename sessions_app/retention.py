@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 
-from . import lifecycle
+from .lifecycle.retention import prune_idle_sessions
 from .models import OPEN_STATES, ChatSession, LifecycleEvent, Message, Run, SessionStatus
 
 
@@ -90,7 +90,7 @@ def prune_sessions(
                     ChatSession.objects.filter(pk__in=pks[: 10 - len(result.keys)]).values_list("key", flat=True)
                 )
         else:
-            batch = lifecycle.prune_idle_sessions(pks, idle_before=cutoff, broadcast=broadcast)
+            batch = prune_idle_sessions(pks, idle_before=cutoff, broadcast=broadcast)
             result.sessions += batch.sessions
             result.runs += batch.runs
             result.messages += batch.messages

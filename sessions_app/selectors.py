@@ -1,79 +1,57 @@
-"""Reads: session rows, lists, history. Every payload here is JSON-safe primitives."""
+"""Reads for the gateway: sessions, runs and transcripts, as models.
+
+Encoding them for the wire is the gateway's business (`chat.wire`).
+"""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass, field
 
 from django.db.models import Q, QuerySet
 
-from chat.protocol import ms
-
 from .models import ACTIVE_STATES, OPEN_STATES, ChatSession, Message, Run, RunState
 
-
-def _row(session: ChatSession, open_runs: Sequence[Run], run_ids: dict[int, str]) -> dict[str, Any]:
-    # `running`, `hasActiveRun` and `activeRunIds` come from the session row itself (its
-    # active_run slot), never from a second read that another commit could tear apart.
-    running = session.active_run_id is not None
-    active = [run_ids[session.active_run_id]] if running and session.active_run_id in run_ids else []
-    queued = [r.run_id for r in sorted(open_runs, key=lambda r: (r.queue_seq, r.pk)) if r.state == RunState.QUEUED]
-    started = session.started_at
-    ended = None if running else session.ended_at
-    runtime = None
-    if not running and started is not None and ended is not None:
-        runtime = max(0, ms(ended) - ms(started))  # type: ignore[operator]
-    return {
-        "key": session.key,
-        "sessionId": str(session.session_id),
-        "agentId": session.agent_id,
-        "label": session.label,
-        "kind": "direct",
-        # `running` iff an active run: both come from the same committed state.
-        "status": "running" if running else (None if session.status == "running" else session.status),
-        "hasActiveRun": running,
-        "activeRunIds": active,
-        "queuedRunIds": queued,
-        "lastRunId": run_ids.get(session.last_run_id) if session.last_run_id else None,
-        "startedAt": ms(started),
-        "endedAt": ms(ended),
-        "runtimeMs": runtime,
-        "abortedLastRun": session.aborted_last_run,
-        "lastRunError": session.last_run_error or None,
-        "version": session.version,
-        "createdAt": ms(session.created_at),
-        "updatedAt": ms(session.updated_at),
-    }
+# A session with the runs its row names, read in one statement: a row read in two steps
+# could be split by a delete (a `running` row whose active run is already gone).
+_HEAVY_RUN_FIELDS = ("message", "reply", "attachments", "error_message")
 
 
-def session_rows(sessions: Sequence[ChatSession]) -> list[dict[str, Any]]:
-    """Rows for many sessions with two queries, whatever their number."""
-    if not sessions:
-        return []
-    pks = [s.pk for s in sessions]
-    open_by_session: dict[int, list[Run]] = defaultdict(list)
-    wanted = {pk for s in sessions for pk in (s.last_run_id, s.active_run_id) if pk}
-    runs = Run.objects.filter(Q(session_id__in=pks, state=RunState.QUEUED) | Q(pk__in=wanted)).only(
-        "id", "run_id", "state", "queue_seq", "session_id"
+def sessions_with_runs() -> QuerySet[ChatSession]:
+    related = ("active_run", "last_run")
+    return ChatSession.objects.select_related(*related).defer(
+        *(f"{rel}__{name}" for rel in related for name in _HEAVY_RUN_FIELDS)
     )
-    run_ids: dict[int, str] = {}
-    for run in runs:
-        if run.state == RunState.QUEUED:
-            open_by_session[run.session_id].append(run)
-        run_ids[run.pk] = run.run_id  # run ids never change: safe to read apart from the row
-    return [_row(s, open_by_session.get(s.pk, []), run_ids) for s in sessions]
 
 
-def session_row(session_pk: int) -> dict[str, Any] | None:
-    session = ChatSession.objects.filter(pk=session_pk).first()
-    return session_rows([session])[0] if session else None
+def queued_run_ids(session_pks: Sequence[int]) -> dict[int, list[str]]:
+    """The queued runIds of each session, oldest first."""
+    queued: dict[int, list[str]] = defaultdict(list)
+    rows = Run.objects.filter(session_id__in=session_pks, state=RunState.QUEUED).order_by("queue_seq", "id")
+    for session_pk, run_id in rows.values_list("session_id", "run_id"):
+        queued[session_pk].append(run_id)
+    return queued
+
+
+def session_by_pk(session_pk: int) -> ChatSession | None:
+    return sessions_with_runs().filter(pk=session_pk).first()
+
+
+def find_session(owner_id: int, key: str) -> ChatSession | None:
+    return sessions_with_runs().filter(owner_id=owner_id, key=key).first()
 
 
 def owner_sessions(owner_id: int | None) -> QuerySet[ChatSession]:
     """Sessions of one owner, or all sessions when owner_id is None (admin scope)."""
-    qs = ChatSession.objects.all()
+    qs = sessions_with_runs()
     return qs if owner_id is None else qs.filter(owner_id=owner_id)
+
+
+@dataclass
+class SessionPage:
+    sessions: list[ChatSession]
+    total: int
 
 
 def list_sessions(
@@ -84,12 +62,10 @@ def list_sessions(
     status: str | None = None,
     active_only: bool = False,
     search: str | None = None,
-) -> dict[str, Any]:
-    """sessions.list, newest `updatedAt` first."""
+) -> SessionPage:
+    """One page of an owner's sessions, newest `updated_at` first."""
     qs = owner_sessions(owner_id)
-    if active_only:
-        qs = qs.filter(active_run__isnull=False)
-    if status == "running":
+    if active_only or status == "running":
         qs = qs.filter(active_run__isnull=False)
     elif status == "none":
         qs = qs.filter(status__isnull=True)
@@ -98,63 +74,59 @@ def list_sessions(
     if search:
         qs = qs.filter(Q(key__icontains=search) | Q(label__icontains=search))
     total = qs.count()
-    page = list(qs.order_by("-updated_at", "-id")[offset : offset + limit])
-    rows = session_rows(page)
-    has_more = offset + len(rows) < total
-    return {
-        "count": len(rows),
-        "totalCount": total,
-        "hasMore": has_more,
-        "nextOffset": offset + len(rows) if has_more else None,
-        "sessions": rows,
-    }
+    return SessionPage(list(qs.order_by("-updated_at", "-id")[offset : offset + limit]), total)
 
 
-def find_session(owner_id: int, key: str) -> ChatSession | None:
-    return ChatSession.objects.filter(owner_id=owner_id, key=key).first()
+@dataclass
+class Transcript:
+    """One page of a session generation's transcript, with its open runs."""
+
+    messages: list[Message]
+    has_more: bool
+    run_ids: dict[int, str]  # run pk -> runId, for the messages' runs
+    active: Run | None = None
+    queued: list[Run] = field(default_factory=list)
 
 
-def message_dict(msg: Message, run_ids: dict[int, str]) -> dict[str, Any]:
-    item: dict[str, Any] = {
-        "id": str(msg.pk),
-        "role": msg.role,
-        "content": [{"type": "text", "text": msg.text}],
-        "timestamp": ms(msg.created_at),
-    }
-    if msg.run_id is not None and msg.run_id in run_ids:
-        item["runId"] = run_ids[msg.run_id]
-    if msg.aborted:
-        item["aborted"] = True
-    return item
-
-
-def history(session: ChatSession, *, limit: int = 200, before_id: int | None = None) -> dict[str, Any]:
-    """chat.history for the session's current generation, oldest first."""
+def transcript(session: ChatSession, *, limit: int = 200, before_id: int | None = None) -> Transcript:
+    """The newest `limit` messages of the current generation before `before_id`, oldest first."""
     qs = Message.objects.filter(session=session, session_generation=session.session_id)
     if before_id is not None:
         qs = qs.filter(pk__lt=before_id)
     newest_first = list(qs.order_by("-id")[: limit + 1])
-    has_more = len(newest_first) > limit
     msgs = list(reversed(newest_first[:limit]))
     run_pks = {m.run_id for m in msgs if m.run_id is not None}
     run_ids = dict(Run.objects.filter(pk__in=run_pks).values_list("pk", "run_id"))
-    payload: dict[str, Any] = {
-        "sessionKey": session.key,
-        "sessionId": str(session.session_id),
-        "messages": [message_dict(m, run_ids) for m in msgs],
-        "hasMore": has_more,
-        "session": session_rows([session])[0],
-    }
-    open_runs = list(
-        Run.objects.filter(session=session, state__in=OPEN_STATES).order_by("queue_seq", "id")
+    open_runs = list(Run.objects.filter(session=session, state__in=OPEN_STATES).order_by("queue_seq", "id"))
+    return Transcript(
+        messages=msgs, has_more=len(newest_first) > limit, run_ids=run_ids,
+        active=next((r for r in open_runs if r.state in ACTIVE_STATES), None),
+        queued=[r for r in open_runs if r.state == RunState.QUEUED],
     )
-    active = next((r for r in open_runs if r.state in ACTIVE_STATES), None)
-    if active is not None:
-        payload["inFlightRun"] = {"runId": active.run_id, "seq": active.stream_seq, "text": active.reply}
-    queued = [r for r in open_runs if r.state == RunState.QUEUED]
-    # Not in the spec: the queued messages themselves, so a reloaded page can show them.
-    payload["queuedRuns"] = [
-        {"runId": r.run_id, "text": r.message, "position": i + 1} for i, r in enumerate(queued)
-    ]
-    return payload
 
+
+def get_run(pk: int) -> Run | None:
+    return Run.objects.select_related("session").filter(pk=pk).first()
+
+
+def queue_position(run: Run) -> int | None:
+    """1-based position of a queued run in its session's queue."""
+    if run.state != RunState.QUEUED:
+        return None
+    ahead = Run.objects.filter(session_id=run.session_id, state=RunState.QUEUED, queue_seq__lt=run.queue_seq)
+    return ahead.count() + 1
+
+
+def context_messages(run: Run, *, limit: int) -> list[Message]:
+    """The newest `limit` messages of the run's generation before it, oldest first (a backend's context)."""
+    if limit <= 0:
+        return []
+    qs = Message.objects.filter(session_id=run.session_id, session_generation=run.session_generation)
+    return list(reversed(qs.order_by("-id")[:limit]))
+
+
+def open_run_counts() -> tuple[int, int]:
+    """(active, queued) runs of the whole gateway."""
+    active = Run.objects.filter(state__in=ACTIVE_STATES).count()
+    queued = Run.objects.filter(state=RunState.QUEUED).count()
+    return active, queued

@@ -1,10 +1,15 @@
-"""Lifecycle signals. Only `sessions_app.lifecycle` sends them, always inside its transaction."""
+"""Lifecycle signals. Only `sessions_app.lifecycle` sends them, always inside its transaction.
+
+Receivers run inside that transaction, so they see the rows as just written; anything
+that leaves the process (broadcasts, waking a run's worker) belongs in an on-commit callback.
+"""
 
 from django.dispatch import Signal
 
-# kwargs: run (Run), session (ChatSession), from_state, to_state, reason, actor,
-#         row_changed (bool), chat_payload (dict | None: the chat event to broadcast)
+# kwargs: run (Run, as written, its stream_seq at the transition's chat event), session
+#         (ChatSession, locked), from_state ('' for a new run), to_state, reason, actor,
+#         row_changed (bool: the session row changed with it)
 run_transitioned = Signal()
 
-# kwargs: session (ChatSession), reason, actor, deleted_row (dict | None), owner_id
+# kwargs: session (ChatSession, locked), reason, actor, deleted (bool: about to be deleted)
 session_changed = Signal()

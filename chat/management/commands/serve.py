@@ -25,11 +25,8 @@ class Command(BaseCommand):
         from daphne.server import Server
         from twisted.internet import reactor
 
-        from chat.runtime.manager import run_manager
+        from chat.runtime.gateway import runtime
         from gatewayproject.asgi import application
-        from sessions_app import metrics
-
-        metrics.install()  # this process's ack, latency and run-duration metrics (/metrics)
 
         host, port = options["host"], options["port"]
         server = Server(
@@ -53,7 +50,7 @@ class Command(BaseCommand):
             # client sees 1006); with failByDrop off it sends the close frame, so an
             # oversize frame gets the 1009 the protocol promises.
             server.ws_factory.setProtocolOptions(failByDrop=False)
-            keep(asyncio.ensure_future(run_manager.ensure_started()))
+            keep(asyncio.ensure_future(runtime.ensure_started()))
 
         stopping = {"done": False}
 
@@ -67,8 +64,8 @@ class Command(BaseCommand):
         def begin_shutdown() -> None:
             async def drain() -> None:
                 try:
-                    if run_manager.running:
-                        await run_manager.drain_and_stop(settings.GATEWAY_SHUTDOWN_DRAIN_SECONDS)
+                    if runtime.running:
+                        await runtime.drain_and_stop(settings.GATEWAY_SHUTDOWN_DRAIN_SECONDS)
                 finally:
                     reactor.stop()  # type: ignore[misc]  # twisted stubs type the reactor loosely
 

@@ -42,13 +42,17 @@ class RunContext:
     attachments: list[dict[str, Any]] = field(default_factory=list)
     transcript: list[dict[str, Any]] = field(default_factory=list)  # [{role, text, aborted}] oldest first
     timeout_ms: int = 600_000
-    # set by the backend while streaming
+    # reported by the backend; the executor stores them with the run's end
     stop_reason: str = "stop"
     usage: dict[str, int] | None = None
+    cancel_ms: int | None = None  # how long releasing its work took, when it timed out
 
 
 class AgentBackend(ABC):
     """An agent backend: a setup check before the ack, then start and stream."""
+
+    # how many of the newest transcript messages `start` reads (this run's user message included)
+    context_messages: int = 0
 
     def __init__(self, agent_id: str, config: dict[str, Any]) -> None:
         self.agent_id = agent_id

@@ -38,8 +38,6 @@ from urllib.parse import urlsplit
 
 import openai
 
-from chat.db import db_sync_to_async
-
 from .base import AgentBackend, BackendError, BackendTimeout, DispatchError, RunContext
 
 log = logging.getLogger(__name__)
@@ -369,6 +367,10 @@ async def close_clients() -> None:
 class OpenAIBackend(AgentBackend):
     """Streams chat completions from an OpenAI-compatible endpoint."""
 
+    # The transcript read for a run: the newest messages that can fit `context_chars`
+    # are then chosen by `build_messages`; this only bounds the read.
+    context_messages = 1000
+
     def _settings(self) -> AgentSettings:
         return AgentSettings.from_config(self.agent_id, self.config)
 
@@ -572,13 +574,9 @@ class _Call:
             await self.close()
 
     async def _close_and_record(self, since: float) -> None:
-        """Close the connection and store how long stopping took (Run.cancel_ms)."""
+        """Close the connection and report how long stopping took (stored as Run.cancel_ms)."""
         await self.close()
-        elapsed = max(0, int((self.loop.time() - since) * 1000))
-        from sessions_app import lifecycle  # a model-layer import, kept out of module import time
-
-        with contextlib.suppress(Exception):
-            await db_sync_to_async(lifecycle.record_cancel_ms)(self.ctx.run_pk, elapsed)
+        self.ctx.cancel_ms = max(0, int((self.loop.time() - since) * 1000))
 
     async def _close_response(self) -> None:
         response, self.response = self.response, None

@@ -1,0 +1,100 @@
+"""The gateway runtime of one server process: its identity, executor, loops and connections."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from sessions_app import process
+
+from ..db import db_sync_to_async
+from ..delivery import broadcaster
+from .executor import RunExecutor
+from .registry import ConnectionRegistry
+from .supervisor import Supervisor
+
+log = logging.getLogger(__name__)
+
+
+class GatewayRuntime:
+    """Bound to the serving event loop from the first connection (or `serve`'s start) until `stop`."""
+
+    def __init__(self) -> None:
+        self.server_id = ""
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.accepting = True
+        self.stopping = False
+        self.executor = RunExecutor()
+        self.connections = ConnectionRegistry()
+        self.supervisor = Supervisor(self)
+
+    @property
+    def running(self) -> bool:
+        return self.loop is not None and not self.loop.is_closed() and self.loop.is_running()
+
+    def owner_for_new_runs(self) -> str:
+        """Who executes a run started now: this process, or '' (any live process claims it)."""
+        return self.server_id if self.running and self.accepting else ""
+
+    async def ensure_started(self) -> None:
+        """Start on the running loop (idempotent)."""
+        loop = asyncio.get_running_loop()
+        if self.loop is loop:
+            return
+        if self.running:
+            raise RuntimeError("the gateway runtime is serving another event loop")
+        self.loop = loop
+        self.server_id = f"{socket.gethostname()[:30]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.accepting = True
+        self.stopping = False
+        self.executor.reset(self.server_id)
+        self.connections.clear()
+        broadcaster.start()
+        await db_sync_to_async(process.register)(self.server_id)
+        self.supervisor.start()
+        log.info("gateway runtime %s started", self.server_id)
+
+    def stop_accepting(self) -> None:
+        """From now on runs are left for other processes, including successors of runs that end here."""
+        self.accepting = False
+        self.executor.successor_owner = ""
+
+    async def drain_and_stop(self, drain_seconds: float) -> None:
+        """SIGTERM: drain (see `Supervisor.drain`), then stop."""
+        await self.supervisor.drain(drain_seconds)
+        await self.stop()
+
+    async def stop(self) -> None:
+        """Stop the loops and local run tasks; runs are not ended in the database (recovery does)."""
+        if self.loop is None:
+            return
+        self.stopping = True
+        await self.supervisor.stop()
+        await self.executor.stop()
+        await broadcaster.stop()
+        self.connections.clear()
+        self.loop = None
+
+    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run `fn(*args)` on the serving loop, from any thread; a no-op when it is not serving."""
+        loop = self.loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            fn(*args)
+            return
+        with contextlib.suppress(RuntimeError):  # closed meanwhile
+            loop.call_soon_threadsafe(fn, *args)
+
+
+runtime = GatewayRuntime()

@@ -1,0 +1,165 @@
+"""The background loops of a server process, and its drain on shutdown.
+
+- heartbeat: keep this process alive in the registry, end the runs of dead ones
+  (the recovery sweep), claim runs that nobody executes;
+- reconcile: make this process's tasks and the database agree, both ways;
+- repair (§9): one database pass for all connections of the process;
+- listen: abort and hand-off messages routed to this process by the channel layer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from channels.layers import get_channel_layer
+from django.conf import settings
+
+from sessions_app import process, recovery
+from sessions_app.lifecycle import runs
+from sessions_app.models import ACTIVE_STATES, Actor, Run, RunState
+
+from .. import groups, repair
+from ..db import db_sync_to_async
+
+if TYPE_CHECKING:
+    from .gateway import GatewayRuntime
+
+log = logging.getLogger(__name__)
+SHUTDOWN_MESSAGE = "gateway process shut down before the run finished"
+
+
+class Supervisor:
+    """Starts and stops the loops of one runtime."""
+
+    def __init__(self, runtime: GatewayRuntime) -> None:
+        self.runtime = runtime
+        self.tasks: list[asyncio.Task[None]] = []
+        self.scanner = repair.Scanner()
+
+    def start(self) -> None:
+        self.scanner = repair.Scanner()
+        self.tasks = [
+            asyncio.ensure_future(loop())
+            for loop in (self._heartbeat_loop, self._reconcile_loop, self._repair_loop, self._listen_loop)
+        ]
+
+    async def stop(self) -> None:
+        tasks, self.tasks = self.tasks, []
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            # A client library may swallow a cancellation (redis-py turns it into its own
+            # TimeoutError); the runtime's `stopping` flag ends those loops, and we never wait forever.
+            await asyncio.wait(tasks, timeout=5)
+
+    async def repair_now(self) -> None:
+        await repair.repair(self.runtime.connections.snapshot(), self.scanner)
+
+    # --- loops ------------------------------------------------------------------------------------
+
+    async def _heartbeat_loop(self) -> None:
+        rt = self.runtime
+        while not rt.stopping:
+            await asyncio.sleep(settings.GATEWAY_HEARTBEAT_SECONDS)
+            try:
+                await db_sync_to_async(process.heartbeat)(rt.server_id)
+                await db_sync_to_async(recovery.sweep)(rt.server_id)
+                for pk in await db_sync_to_async(process.unowned_active_runs)():
+                    if rt.accepting and await db_sync_to_async(runs.claim_run)(pk, server_id=rt.server_id):
+                        rt.executor.submit(pk)
+            except Exception:
+                log.exception("heartbeat/recovery sweep failed")
+
+    async def _reconcile_loop(self) -> None:
+        """- a local task whose run ended elsewhere (a dropped abort message) is cancelled;
+        - an active run owned by this process with no task (a lost hand-off, a task that
+          died) is executed if still dispatching, or ended failed/interrupted if it was
+          already running: nothing is left `running` with nothing behind it.
+        """
+        rt = self.runtime
+        executor = rt.executor
+        while not rt.stopping:
+            await asyncio.sleep(settings.GATEWAY_REPAIR_SECONDS)
+            try:
+                ended, orphans = await db_sync_to_async(_reconcile_snapshot)(rt.server_id, list(executor.tasks))
+                for pk in ended:
+                    executor.cancel(pk)
+                for pk, state in orphans:
+                    if pk in executor.tasks or pk in executor.finishing or not rt.accepting:
+                        continue  # (while draining, the drain ends whatever is left)
+                    if state == RunState.DISPATCHING:
+                        executor.submit(pk)
+                    else:
+                        await executor.finish(
+                            pk, RunState.FAILED, error_kind="interrupted", reason="run.interrupted",
+                            error_message="the run lost its worker in this gateway process",
+                        )
+            except Exception:
+                log.exception("reconcile failed")
+
+    async def _repair_loop(self) -> None:
+        """§9: twice per repair window."""
+        interval = max(0.2, settings.GATEWAY_REPAIR_SECONDS / 2)
+        while not self.runtime.stopping:
+            await asyncio.sleep(interval)
+            try:
+                await self.repair_now()
+            except Exception:
+                log.exception("repair pass failed")
+
+    async def _listen_loop(self) -> None:
+        rt = self.runtime
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        channel = await layer.new_channel()
+        await layer.group_add(groups.process_group(rt.server_id), channel)
+        while not rt.stopping:
+            try:
+                message = await layer.receive(channel)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                if rt.stopping:
+                    return
+                log.exception("process channel receive failed")
+                await asyncio.sleep(1)
+                continue
+            if message.get("type") == "run.cancel":
+                rt.executor.cancel(int(message["run"]))
+
+    # --- shutdown -------------------------------------------------------------------------------
+
+    async def drain(self, drain_seconds: float) -> None:
+        """SIGTERM: stop taking runs, tell clients, let runs finish briefly, interrupt the rest."""
+        rt = self.runtime
+        rt.stop_accepting()
+        for connection in rt.connections:
+            with contextlib.suppress(Exception):
+                await connection.send_shutdown("server shutting down")
+        deadline = time.monotonic() + drain_seconds
+        while rt.executor.tasks and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        await db_sync_to_async(runs.interrupt_runs_of_process)(
+            rt.server_id, actor=Actor.SYSTEM, message=SHUTDOWN_MESSAGE
+        )
+        await db_sync_to_async(process.mark_stopped)(rt.server_id)
+        # Deliver the interruptions from the database before closing: the layer messages
+        # carrying them may still be queued behind this drain.
+        with contextlib.suppress(Exception):
+            await self.repair_now()
+        for connection in rt.connections:
+            with contextlib.suppress(Exception):
+                await connection.close(code=4001)
+
+
+def _reconcile_snapshot(server_id: str, local: list[int]) -> tuple[list[int], list[tuple[int, str]]]:
+    """(local runs that are no longer active, active runs of this process without a local task)."""
+    active = set(Run.objects.filter(pk__in=local, state__in=ACTIVE_STATES).values_list("pk", flat=True))
+    ended = [pk for pk in local if pk not in active]
+    mine = Run.objects.filter(owner_process=server_id, state__in=ACTIVE_STATES).exclude(pk__in=local)
+    return ended, list(mine.values_list("pk", "state"))

@@ -1,0 +1,244 @@
+"""The one transition, and the helpers every lifecycle service shares.
+
+Callers hold the session row lock (`lock_session`) inside their own
+`transaction.atomic()` block. `transition` is a compare-and-set UPDATE filtered
+by the allowed source states, so the first terminal transition wins and any later
+abort, error or end changes nothing and emits nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import F, Max
+from django.utils import timezone
+
+from .. import signals
+from ..models import ACTIVE_STATES, TERMINAL_STATES, Actor, ChatSession, Message, Run, RunState, SessionStatus
+from ..transitions import sources_for
+
+# sessions.changed reasons (PROTOCOL.md §7) of a run's terminal state, and of an abort's stopReason
+REASON_FOR_STATE = {
+    RunState.DONE: "run.completed",
+    RunState.FAILED: "run.failed",
+    RunState.KILLED: "run.aborted",
+    RunState.TIMEOUT: "run.timeout",
+}
+REASON_FOR_STOP = {"steer": "steer", "reset": "run.aborted", "delete": "run.aborted", "operator": "operator"}
+# the row fields a run's outcome writes (see `take_outcome`)
+OUTCOME_FIELDS = ("active_run", "status", "last_run", "ended_at", "aborted_last_run", "last_run_error")
+
+
+class LifecycleError(Exception):
+    """A request the lifecycle cannot honour; `code` maps to a protocol error code."""
+
+    def __init__(self, code: str, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.details = details
+
+
+class SessionNotFound(LifecycleError):
+    def __init__(self) -> None:
+        super().__init__("NOT_FOUND", "session not found")
+
+
+# --- finding and locking sessions -------------------------------------------------------
+
+
+def lock_session(*, owner_id: int | None = None, key: str | None = None, pk: int | None = None) -> ChatSession:
+    """The session, row-locked: by owner and key (clients) or by primary key (operators)."""
+    qs = ChatSession.objects.select_for_update()
+    qs = qs.filter(pk=pk) if pk is not None else qs.filter(owner_id=owner_id, key=key)
+    session = qs.first()
+    if session is None:
+        raise SessionNotFound()
+    return session
+
+
+def lock_or_create_session(*, owner_id: int, key: str, agent_id: str, actor: str) -> ChatSession:
+    """The locked session, created once even when two creators race."""
+    existing = ChatSession.objects.select_for_update().filter(owner_id=owner_id, key=key).first()
+    if existing is not None:
+        return existing
+    try:
+        with transaction.atomic():  # savepoint: the unique constraint decides the race
+            session = ChatSession.objects.create(owner_id=owner_id, key=key, agent_id=agent_id)
+    except IntegrityError:
+        return ChatSession.objects.select_for_update().get(owner_id=owner_id, key=key)
+    row_changed(session, reason="create", actor=actor)
+    return session
+
+
+# --- the session row ------------------------------------------------------------------------
+
+
+def save_row(session: ChatSession, *fields: str) -> None:
+    """Persist changed row fields and bump `version` (one step per committed change)."""
+    session.version += 1
+    session.updated_at = timezone.now()
+    session.save(update_fields=[*fields, "version", "updated_at"])
+
+
+def row_changed(session: ChatSession, *, reason: str, actor: str, deleted: bool = False) -> None:
+    """Announce a session-level change (create, patch, reset, delete, operator repair)."""
+    signals.session_changed.send(sender=ChatSession, session=session, reason=reason, actor=actor, deleted=deleted)
+
+
+def take_outcome(session: ChatSession, run: Run) -> None:
+    """Copy a terminal run's outcome onto the row, as its terminal transition would have."""
+    session.status = run.state
+    session.last_run = run
+    session.ended_at = run.ended_at or timezone.now()
+    session.aborted_last_run = run.state == RunState.KILLED
+    session.last_run_error = run.error_message if run.state in (RunState.FAILED, RunState.TIMEOUT) else ""
+
+
+def _activate(session: ChatSession, run: Run) -> None:
+    """Make `run` the session's active run and the row `running`; record the user's message."""
+    session.active_run = run
+    session.last_run = run
+    session.status = SessionStatus.RUNNING
+    session.started_at = run.dispatched_at
+    session.ended_at = None
+    session.aborted_last_run = False
+    session.last_run_error = ""
+    save_row(session, "started_at", *OUTCOME_FIELDS)
+    if run.session_generation == session.session_id:
+        Message.objects.create(
+            session=session, session_generation=session.session_id, role="user", text=run.message, run=run
+        )
+
+
+# --- runs -------------------------------------------------------------------------------------
+
+
+def next_queue_seq(session: ChatSession) -> int:
+    current = Run.objects.filter(session=session).aggregate(m=Max("queue_seq"))["m"]
+    return (current or 0) + 1
+
+
+def queued_runs(session: ChatSession) -> list[Run]:
+    return list(Run.objects.filter(session=session, state=RunState.QUEUED).order_by("queue_seq", "id"))
+
+
+def emit_run(
+    run: Run, session: ChatSession, *, from_state: str, to_state: str, reason: str, actor: str, row_changed: bool
+) -> None:
+    """Announce a run transition; it carries a `chat` event at the run's next `seq`."""
+    Run.objects.filter(pk=run.pk).update(stream_seq=F("stream_seq") + 1)
+    run.stream_seq += 1
+    signals.run_transitioned.send(
+        sender=Run, run=run, session=session, from_state=from_state, to_state=to_state,
+        reason=reason, actor=actor, row_changed=row_changed,
+    )
+
+
+def transition(
+    run: Run,
+    to_state: str,
+    *,
+    session: ChatSession,
+    reason: str,
+    actor: str,
+    owner_process: str,
+    start_next: bool = True,
+    **values: Any,
+) -> bool:
+    """Compare-and-set `run` into `to_state`; return False when another transition won.
+
+    The caller holds the session lock. A run entering `dispatching` (here, or the
+    queued successor started when an active run ends) is owned by `owner_process`:
+    the process that executes it, or '' to leave it for any live server to claim.
+    Terminal transitions update the row only for the active run of the current
+    generation (§8).
+    """
+    now = timezone.now()
+    updates: dict[str, Any] = dict(values)
+    terminal = to_state in TERMINAL_STATES
+    if terminal:
+        updates["ended_at"] = now
+    elif to_state == RunState.RUNNING:
+        updates["started_at"] = now
+    elif to_state == RunState.DISPATCHING:
+        updates["dispatched_at"] = now
+        updates["owner_process"] = owner_process
+    fresh = Run.objects.filter(pk=run.pk).values_list("state", flat=True).first()
+    if fresh is None or fresh not in sources_for(to_state):
+        return False
+    if not Run.objects.filter(pk=run.pk, state=fresh).update(state=to_state, **updates):
+        return False
+    from_state = fresh
+    run.refresh_from_db()
+
+    if not terminal:
+        activated = to_state == RunState.DISPATCHING
+        if activated:
+            _activate(session, run)
+        emit_run(run, session, from_state=from_state, to_state=to_state, reason=reason, actor=actor,
+                 row_changed=activated)
+        return True
+
+    was_active = from_state in ACTIVE_STATES and session.active_run_id == run.pk
+    current_generation = run.session_generation == session.session_id
+    changed = False
+    if was_active:
+        session.active_run = None
+        if current_generation:
+            take_outcome(session, run)
+            save_row(session, *OUTCOME_FIELDS)
+        else:
+            # An old-generation run never touches the row (§8); only release the slot.
+            session.save(update_fields=["active_run"])
+        changed = current_generation
+    elif from_state == RunState.QUEUED and current_generation:
+        save_row(session)  # queuedRunIds changed
+        changed = True
+
+    if current_generation and from_state in ACTIVE_STATES and (to_state == RunState.DONE or run.reply):
+        # The reply joins the transcript; partial text of an aborted, failed or timed-out run is kept, marked.
+        Message.objects.create(
+            session=session, session_generation=session.session_id, role="assistant", text=run.reply, run=run,
+            aborted=to_state != RunState.DONE,
+        )
+    emit_run(run, session, from_state=from_state, to_state=to_state, reason=reason, actor=actor,
+             row_changed=changed)
+    if was_active and start_next:
+        start_next_queued(session, actor=Actor.SYSTEM, owner_process=owner_process)
+    return True
+
+
+def start_next_queued(session: ChatSession, *, actor: str, owner_process: str) -> Run | None:
+    """Hand the free slot to the session's oldest queued run, if any."""
+    if session.active_run_id is not None:
+        return None
+    for run in queued_runs(session):
+        if transition(run, RunState.DISPATCHING, session=session, reason="run.started", actor=actor,
+                      owner_process=owner_process):
+            return run
+    return None
+
+
+def kill(run: Run, session: ChatSession, *, stop_reason: str, actor: str, owner_process: str,
+         start_next: bool) -> bool:
+    """Abort one run (stopReason `stop_reason`)."""
+    return transition(
+        run, RunState.KILLED, session=session, reason=REASON_FOR_STOP.get(stop_reason, "run.aborted"), actor=actor,
+        owner_process=owner_process, start_next=start_next, stop_reason=stop_reason,
+    )
+
+
+def kill_all(session: ChatSession, *, stop_reason: str, actor: str) -> list[str]:
+    """Abort the queued runs (newest first, so none is started) then the active one."""
+    killed: list[str] = []
+    for run in reversed(queued_runs(session)):
+        if kill(run, session, stop_reason=stop_reason, actor=actor, owner_process="", start_next=False):
+            killed.append(run.run_id)
+    if session.active_run_id is not None:
+        active = Run.objects.get(pk=session.active_run_id)
+        if kill(active, session, stop_reason=stop_reason, actor=actor, owner_process="", start_next=False):
+            killed.append(active.run_id)
+    killed.reverse()
+    return killed

@@ -1,0 +1,100 @@
+"""Make docs/screenshots/chat-*.png: the chat page at desktop and phone width.
+
+Run: `.venv/bin/python -m tests.e2e.browser.make_screenshots` (needs /usr/bin/chromium).
+It starts its own server on a temporary database, fills a few sessions through
+the page itself (a failed one, a stopped one, one streaming with a queued
+message) and takes the pictures. Not part of the test run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from playwright.sync_api import expect, sync_playwright
+
+from .conftest import login
+from .server import CHROMIUM, CHROMIUM_ARGS, ROOT, GatewayServer
+
+OUT = ROOT / "docs" / "screenshots"
+
+
+def send(page: Any, text: str) -> None:
+    page.get_by_test_id("composer").fill(text)
+    page.get_by_test_id("composer").press("Enter")
+
+
+def last_final(page: Any) -> Any:
+    return page.locator('[data-testid="message"][data-role="assistant"][data-state="final"]').last
+
+
+def new_session(page: Any, label: str) -> None:
+    page.get_by_test_id("new-session").click()
+    expect(page.locator('[data-testid="message"]')).to_have_count(0)
+    page.get_by_test_id("rename-session").click()
+    page.get_by_test_id("dialog-input").fill(label)
+    page.get_by_test_id("dialog-confirm").click()
+    expect(page.get_by_test_id("session-title")).to_have_text(label)
+
+
+def fill_sessions(page: Any) -> None:
+    new_session(page, "Deploy checklist")
+    send(page, "Run the deploy checklist [[fail:dispatch]]")
+    expect(page.locator('[data-testid="message"][data-state="error"]')).to_have_count(1)
+    page.get_by_test_id("composer").fill("")
+
+    new_session(page, "Research notes")
+    send(page, "Collect sources on streaming protocols [[hang]]")
+    page.get_by_test_id("stop").click()
+    expect(page.locator('[data-testid="message"][data-state="aborted"]')).to_have_count(1)
+
+    page.locator('[data-testid="session-row"][data-key="agent:main:main"]').click()
+    send(page, "Hi! What can you do?")
+    expect(last_final(page)).to_have_text("echo: Hi! What can you do?")
+    send(page, "Give me a short plan for the week.\nKeep it to three points.")
+    expect(last_final(page)).to_contain_text("three points")
+    send(page, "Now write the long version [[words:90]] [[tick:160]]")
+    expect(page.locator('[data-testid="message"][data-state="streaming"]')).to_contain_text("word12")
+    send(page, "And a summary for the team afterwards")
+    expect(page.locator('[data-testid="message"][data-state="queued"]')).to_have_count(1)
+
+
+def main() -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    server = GatewayServer(users=1)
+    try:
+        server.prepare()
+        server.start()
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            desktop = browser.new_context(viewport={"width": 1280, "height": 800}, color_scheme="light")
+            page = desktop.new_page()
+            login(page, server.base_url, "user1")
+            fill_sessions(page)
+            page.mouse.move(0, 0)
+            page.screenshot(path=str(OUT / "chat-desktop.png"))
+
+            phone = browser.new_context(
+                viewport={"width": 390, "height": 844},
+                device_scale_factor=2,
+                is_mobile=True,
+                has_touch=True,
+                color_scheme="light",
+            )
+            small = phone.new_page()
+            login(small, server.base_url, "user1")
+            expect(small.locator('[data-testid="message"][data-state="streaming"]')).to_contain_text("word30")
+            small.screenshot(path=str(OUT / "chat-phone.png"))
+            small.get_by_test_id("toggle-sidebar").click()
+            small.wait_for_timeout(400)  # the slide-in transition
+            small.screenshot(path=str(OUT / "chat-phone-sessions.png"))
+            browser.close()
+    finally:
+        server.cleanup()
+    for name in ("chat-desktop.png", "chat-phone.png", "chat-phone-sessions.png"):
+        path: Path = OUT / name
+        print(f"wrote {path.relative_to(ROOT)} ({path.stat().st_size // 1024} KiB)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""DB inspection helpers for async tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from channels.db import database_sync_to_async
+
+from sessions_app.models import ChatSession, LifecycleEvent, Message, Run
+
+
+@database_sync_to_async
+def run_row(run_id: str) -> Run:
+    return Run.objects.get(run_id=run_id)
+
+
+@database_sync_to_async
+def counts() -> dict[str, int]:
+    return {
+        "sessions": ChatSession.objects.count(),
+        "runs": Run.objects.count(),
+        "messages": Message.objects.count(),
+        "audit": LifecycleEvent.objects.count(),
+    }
+
+
+@database_sync_to_async
+def audit(run_id: str) -> list[tuple[str, str, str, str]]:
+    return list(
+        LifecycleEvent.objects.filter(run__run_id=run_id).order_by("id").values_list(
+            "from_state", "to_state", "reason", "actor"
+        )
+    )
+
+
+@database_sync_to_async
+def terminal_audit_count(run_id: str) -> int:
+    return LifecycleEvent.objects.filter(
+        run__run_id=run_id, to_state__in=["done", "failed", "killed", "timeout"]
+    ).count()
+
+
+def send_params(key: str, message: str, run_id: str, **extra: Any) -> dict[str, Any]:
+    return {"sessionKey": key, "message": message, "idempotencyKey": run_id, **extra}
+
+
+def terminal_events(events: list[dict[str, Any]], run_id: str) -> list[dict[str, Any]]:
+    return [
+        e["payload"] for e in events
+        if e["event"] == "chat" and e["payload"]["runId"] == run_id
+        and e["payload"]["state"] in ("final", "error", "aborted")
+    ]
+
+
+def rows_from_events(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Apply sessions.changed events in order, keeping the highest version per key."""
+    rows: dict[str, dict[str, Any]] = {}
+    for e in events:
+        if e["event"] != "sessions.changed":
+            continue
+        row = e["payload"]["session"]
+        known = rows.get(row["key"])
+        if known is None or row["version"] >= known["version"]:
+            rows[row["key"]] = row
+    return {k: v for k, v in rows.items() if not v.get("deleted")}
+
+
+def drop_broadcasts(monkeypatch: Any, lost: Any) -> None:
+    """Make the channel layer lose every broadcast for which `lost(message)` is true."""
+    from chat import delivery
+
+    real = delivery.agroup_send_all
+
+    async def lossy(owner_id: int, message: dict[str, Any]) -> None:
+        if not lost(message):
+            await real(owner_id, message)
+
+    monkeypatch.setattr(delivery, "agroup_send_all", lossy)
+
+
+def is_row_message(message: dict[str, Any]) -> bool:
+    return message["type"] == "gateway.session"
+
+
+def is_terminal_message(message: dict[str, Any]) -> bool:
+    return message["type"] == "gateway.chat" and message["payload"]["state"] in ("final", "error", "aborted")
