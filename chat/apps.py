@@ -8,6 +8,7 @@ class ChatConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        # Imported here, not at module top: they import models, which Django loads after app configs.
         from sessions_app import signals
 
         from . import metrics, receivers

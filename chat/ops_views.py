@@ -19,6 +19,7 @@ from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from .runtime.gateway import runtime
 
@@ -82,6 +83,4 @@ async def readyz(request: HttpRequest) -> JsonResponse:
 @require_GET
 def metrics(request: HttpRequest) -> HttpResponse:
     """Prometheus text exposition of this process's registry."""
-    from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
-
     return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)

@@ -7,6 +7,7 @@ SQLite in the repo folder, the in-memory channel layer and the scripted agent.
 from __future__ import annotations
 
 import json
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +26,14 @@ if not SECRET_KEY:
     # (sessions survive restarts; nothing secret is ever in the repository).
     _key_file = Path(env.str("SECRET_KEY_FILE", default=str(BASE_DIR / ".secret_key")))
     if not _key_file.exists():
-        import secrets as _secrets
-
-        _key_file.write_text(_secrets.token_urlsafe(50))
+        _key_file.write_text(secrets.token_urlsafe(50))
         _key_file.chmod(0o600)
     SECRET_KEY = _key_file.read_text().strip()
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+# Origins (scheme://host[:port]) that may open the WebSocket besides the gateway's own,
+# e.g. a page served from another port, or the public origin behind a TLS-terminating proxy.
+GATEWAY_ALLOWED_ORIGINS = env.list("GATEWAY_ALLOWED_ORIGINS", default=[])
 
 INSTALLED_APPS = [
     "daphne",  # must come before staticfiles (daphne.E001)

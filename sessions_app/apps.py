@@ -10,4 +10,5 @@ class SessionsAppConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import receivers  # noqa: F401  (connects the lifecycle signal receivers)
+        # Imported here, not at module top: receivers import models, loaded after app configs.
+        from . import receivers  # noqa: F401  (connects the audit receivers)

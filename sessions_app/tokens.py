@@ -63,8 +63,6 @@ def get_or_create_user(username: str, *, create: bool) -> AbstractBaseUser | Non
 
 def still_authorized(user_id: int, token_hash: str | None) -> bool:
     """Whether an open connection's identity still holds: user active, token not revoked."""
-    from django.contrib.auth import get_user_model
-
     if not get_user_model().objects.filter(pk=user_id, is_active=True).exists():
         return False
     if token_hash is None:

@@ -93,7 +93,9 @@ async def test_foreign_origin_is_refused_before_accept(alice):
     comm = WebsocketCommunicator(application, "/ws/gateway", headers=[(b"origin", b"http://evil.example")])
     accepted, _ = await comm.connect()
     assert not accepted
-    ok = WebsocketCommunicator(application, "/ws/gateway", headers=[(b"origin", b"http://localhost:8000")])
+    ok = WebsocketCommunicator(
+        application, "/ws/gateway", headers=[(b"origin", b"http://localhost:8000"), (b"host", b"localhost:8000")]
+    )
     accepted, _ = await ok.connect()
     assert accepted
     await ok.disconnect()

@@ -9,7 +9,15 @@ from channels.db import database_sync_to_async
 from chat.runtime.gateway import runtime
 from sessions_app.lifecycle import runs
 from tests.support.communicator import open_client
-from tests.support.db import audit, counts, rows_from_events, run_row, send_params, terminal_audit_count, terminal_events
+from tests.support.db import (
+    audit,
+    counts,
+    rows_from_events,
+    run_row,
+    send_params,
+    terminal_audit_count,
+    terminal_events,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -12,7 +12,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from chat import ops_views
 from chat.runtime.gateway import runtime
-from chat import metrics
 from tests.support import opsdata
 from tests.support.communicator import open_client
 
@@ -90,7 +89,6 @@ def test_metrics_state_gauges() -> None:
 
 @pytest.mark.django_db(transaction=True)
 async def test_metrics_count_acks_latency_runs_and_sockets(alice: tuple[Any, str]) -> None:
-    metrics.install()  # idempotent: no double counting
 
     def scrape() -> dict[Any, float]:
         return samples(Client().get("/metrics").content.decode())

@@ -1,4 +1,4 @@
-"""Serve the gateway with daphne: frame limit from settings, run manager at start-up,
+"""Serve the gateway with daphne: frame limit from settings, the runtime at start-up,
 graceful drain on SIGTERM/SIGINT."""
 
 from __future__ import annotations
@@ -7,9 +7,14 @@ import asyncio
 import signal
 from typing import Any
 
-import daphne.server  # noqa: F401  (installs the asyncio reactor; must come before twisted imports)
+import daphne.server  # installs the asyncio reactor; must come before twisted imports  # isort: skip
+from daphne.endpoints import build_endpoint_description_strings
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
+from twisted.internet import reactor
+
+from chat.runtime.gateway import runtime
+from gatewayproject.asgi import application
 
 
 class Command(BaseCommand):
@@ -21,15 +26,8 @@ class Command(BaseCommand):
         parser.add_argument("--access-log", default=None, help="path for the access log ('-' for stdout)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from daphne.endpoints import build_endpoint_description_strings
-        from daphne.server import Server
-        from twisted.internet import reactor
-
-        from chat.runtime.gateway import runtime
-        from gatewayproject.asgi import application
-
         host, port = options["host"], options["port"]
-        server = Server(
+        server = daphne.server.Server(
             application=application,
             endpoints=build_endpoint_description_strings(host=host, port=port),
             websocket_max_message_size=settings.GATEWAY_MAX_PAYLOAD,

@@ -7,17 +7,16 @@ from typing import Any
 from django.conf import settings
 
 from .base import AgentBackend, BackendError, BackendTimeout, DispatchError, RunContext
+from .scripted import ScriptedBackend
 
 __all__ = ["AgentBackend", "BackendError", "BackendTimeout", "DispatchError", "RunContext", "get_backend"]
 
 
 def _backend_class(name: str) -> type[AgentBackend] | None:
     if name == "scripted":
-        from .scripted import ScriptedBackend
-
         return ScriptedBackend
     if name == "openai":
-        try:
+        try:  # imported on first use: the openai SDK is heavy, and a gateway may run without it
             from .openai_backend import OpenAIBackend
         except ImportError:
             return None

@@ -1,0 +1,51 @@
+"""Fixtures for direct tests of the domain services (no socket, no runtime)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from chat import delivery
+from sessions_app.lifecycle.runs import SendRequest
+
+
+@pytest.fixture
+def owner(db: None) -> Any:
+    return get_user_model().objects.create_user(username="owner", password="pw-12345678")
+
+
+@pytest.fixture
+def request_for(owner: Any) -> Callable[..., SendRequest]:
+    def make(run_id: str, message: str = "hello", *, key: str = "agent:main:main", **extra: Any) -> SendRequest:
+        return SendRequest(
+            owner_id=owner.pk, key=key, agent_id="main", run_id=run_id, message=message,
+            body_hash=hashlib.sha256(message.encode()).hexdigest(), timeout_ms=60_000, **extra,
+        )
+
+    return make
+
+
+@pytest.fixture
+def broadcasts(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Every layer message the gateway hands to the broadcaster (after commit)."""
+    sent: list[dict[str, Any]] = []
+    monkeypatch.setattr(delivery.broadcaster, "send", lambda owner_id, message: sent.append(message))
+    monkeypatch.setattr(delivery.broadcaster, "route", lambda group, message: sent.append(message))
+    return sent
+
+
+def chat_states(messages: list[dict[str, Any]]) -> list[tuple[str, str, int]]:
+    """(runId, state or phase, seq) of each chat event."""
+    return [
+        (m["payload"]["runId"], m["payload"].get("phase") or m["payload"]["state"], m["payload"]["seq"])
+        for m in messages if m["type"] == "gateway.chat"
+    ]
+
+
+def rows(messages: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """(reason, row) of each sessions.changed."""
+    return [(m["payload"]["reason"], m["payload"]["session"]) for m in messages if m["type"] == "gateway.session"]
