@@ -320,18 +320,28 @@ async def connect_many(target: Target, conns: int, idle_seconds: float = 1.0) ->
 
 async def streaming(target: Target, runs: int, words: int, tick_ms: int, watchers: int) -> dict[str, float]:
     """`runs` runs stream at once, each run's user watching on `watchers` connections (the first sends):
-    runs completed, delta delivery lag p99 (ms, receipt minus the delta's server timestamp),
-    terminal events missed, slowest run (s)."""
+    runs completed, delta delivery lag (ms, receipt minus the delta's server timestamp), how far
+    behind the backend's schedule deltas arrive (ms, receipt minus send time plus one tick per chunk
+    in the delta's text: includes the server's time to store the delta before it is stamped, and
+    the sleep drift of its own run), terminal events missed, slowest run (s)."""
     users = [f"bench{i}" for i in range(runs) for _ in range(watchers)]
     clients = await open_many(target, users)
     tag = new_key("st")
     lags: list[float] = []
+    behind: list[float] = []
+    sent_at: dict[str, float] = {}
     terminals: list[dict[str, Any]] = []
 
     def on_delta(payload: dict[str, Any], now: float) -> None:
-        ts = payload.get("message", {}).get("timestamp")
+        message = payload.get("message", {})
+        ts = message.get("timestamp")
         if ts:
             lags.append(now * 1000 - ts)
+        start = sent_at.get(payload["runId"])
+        if start is not None:
+            # chunk i of the reply ("echo:", " word1", …) is due i ticks after the send
+            chunks = len(message.get("content", [{}])[0].get("text", "").split())
+            behind.append((now - start) * 1000 - (chunks - 1) * tick_ms)
 
     def on_terminal(payload: dict[str, Any], now: float) -> None:
         terminals.append(payload)
@@ -346,6 +356,7 @@ async def streaming(target: Target, runs: int, words: int, tick_ms: int, watcher
         for r in range(runs):
             group = clients[r * watchers : (r + 1) * watchers]
             run_id = new_key(tag)
+            sent_at[run_id] = time.time()
             watched += [asyncio.wait_for(c.expect_terminal(run_id), budget) for c in group]
             sends.append(
                 group[0].request(
@@ -366,6 +377,7 @@ async def streaming(target: Target, runs: int, words: int, tick_ms: int, watcher
         "runs": float(runs),
         "lag_p99_ms": pct(lags, 99),
         "lag_p50_ms": pct(lags, 50),
+        "behind_p99_ms": pct(behind, 99),
         "missed_terminals": float(runs * watchers - len(finals)),
         "slowest_run_s": slowest,
     }

@@ -29,6 +29,7 @@ ROWS = [
     "rss_idle",
     "stream_done",
     "stream_lag",
+    "stream_behind",
     "stream_missed",
     "stream_slowest",
     "long_session",
