@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PORT ?= 8000
 HOST ?= 127.0.0.1
 
-.PHONY: setup run test lint typecheck clean
+.PHONY: setup run test lint typecheck bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ lint: .setup-stamp
 
 typecheck: .setup-stamp
 	$(BIN)/mypy gatewayproject chat sessions_app
+
+# agentgate beside a bare `websockets` floor server, one table (about 6 minutes on 2 cores; docs/performance.md)
+bench: .setup-stamp
+	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .setup-stamp test_db_*.sqlite3*
