@@ -68,7 +68,7 @@ async def measure(turns: int) -> None:
     from chat.db import db_sync_to_async
     from gatewayproject.asgi import application
     from sessions_app.tokens import issue_token
-    from tests.conftest import Client
+    from tests.support.communicator import Client
 
     def make_token() -> str:
         user = get_user_model().objects.create_user(username="sqlcount")

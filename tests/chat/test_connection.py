@@ -1,0 +1,98 @@
+"""The per-connection view, without a socket: run and row filters, and its share of a repair."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from chat import wire
+from chat.connection import ConnectionState
+from chat.repair import EndedRun, Snapshot
+
+
+def chat(run_id: str, seq: int, state: str = "delta") -> dict[str, Any]:
+    return {"runId": run_id, "sessionKey": "agent:main:main", "sessionId": "g", "seq": seq, "state": state}
+
+
+def row(key: str, version: int, **extra: Any) -> dict[str, Any]:
+    return wire.row_event({"key": key, "version": version, **extra}, "patch")
+
+
+def state(**kwargs: Any) -> ConnectionState:
+    return ConnectionState(user_id=1, authed=True, scopes=["operator.read", "operator.write"], **kwargs)
+
+
+def test_events_in_seq_order_and_nothing_after_the_terminal() -> None:
+    s = state()
+    assert s.admit_chat(7, chat("r", 1, "status"))
+    assert s.admit_chat(7, chat("r", 3))
+    assert not s.admit_chat(7, chat("r", 2))  # older than what was sent
+    assert not s.admit_chat(7, chat("r", 3))  # a duplicate
+    assert s.admit_chat(7, chat("r", 4, "final"))
+    assert not s.admit_chat(7, chat("r", 5, "aborted"))  # one terminal per run
+    assert s.open_run_pks() == []
+
+
+def test_a_terminal_ack_closes_the_run_for_this_connection() -> None:
+    s = state()
+    s.track_run(7, terminal=True, run_id="r", session_key="k", session_id="g")
+    assert not s.admit_chat(7, chat("r", 9, "final"))
+
+
+def test_rows_never_go_backwards_and_need_a_subscription() -> None:
+    s = state()
+    assert not s.admit_row(1, row("k", 2))
+    s.set_subscription(True)
+    assert s.admit_row(1, row("k", 2))
+    assert not s.admit_row(1, row("k", 1))
+    assert s.admit_row(1, row("k", 3, deleted=True))
+    assert not s.admit_row(1, row("k", 9))  # nothing after a deletion
+
+
+def test_who_sees_what() -> None:
+    user, admin = state(), state()
+    admin.scopes.append("operator.admin")
+    admin.set_subscription(True, all_sessions=True)
+    assert user.may_see(1) and not user.may_see(2) and not user.may_see(2, via_operators=True)
+    assert admin.may_see(2, via_operators=True) and not admin.may_see(1, via_operators=True)
+
+
+def test_repair_sends_the_stored_terminal_once() -> None:
+    s = state()
+    s.track_run(7, terminal=False, run_id="r", session_key="k", session_id="g")
+    final = chat("r", 4, "final")
+    snap = Snapshot(asked={7}, runs={7: {"state": "done", "payload": final}})
+    assert s.repair_events(snap) == [("chat", final)]
+    assert s.repair_events(snap) == []
+
+
+def test_repair_never_makes_up_a_terminal_for_a_run_gone_with_its_session() -> None:
+    """A lagging connection gets the run's real terminal or nothing (never an invented `aborted`)."""
+    s = state()
+    s.track_run(7, terminal=False, run_id="r", session_key="k", session_id="g")
+    assert s.repair_events(Snapshot(asked={7})) == []
+    assert s.open_run_pks() == []
+    # and the real terminal, if it comes late through the layer, is still not a second one
+    assert not s.admit_chat(7, chat("r", 9, "final"))
+
+
+def test_repair_skips_runs_that_ended_before_the_connection() -> None:
+    s = state()
+    old = EndedRun(owner_id=1, ended_at=s.connected_at - timedelta(seconds=1), payload=chat("old", 3, "final"))
+    new = EndedRun(owner_id=1, ended_at=timezone.now() + timedelta(seconds=1), payload=chat("new", 3, "final"))
+    other = EndedRun(owner_id=2, ended_at=timezone.now() + timedelta(seconds=1), payload=chat("x", 3, "final"))
+    events = s.repair_events(Snapshot(ended={1: old, 2: new, 3: other}))
+    assert events == [("chat", new.payload)]
+
+
+def test_repair_of_rows_and_deletions() -> None:
+    s = state(subscribed=True)
+    assert s.admit_row(5, row("gone", 3))
+    snap = Snapshot(rows={6: (1, {"key": "k6", "version": 2})}, checked={5}, existing=set())
+    events = s.repair_events(snap)
+    assert [(name, p["reason"], p["session"]["key"]) for name, p in events] == [
+        ("sessions.changed", "resync", "k6"), ("sessions.changed", "delete", "gone")
+    ]
+    assert events[1][1]["session"]["deleted"] is True and events[1][1]["session"]["version"] == 4

@@ -1,0 +1,57 @@
+"""The gateway's receivers: events encoded in the transaction, sent only once it commits."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import transaction
+
+from chat import delivery
+from sessions_app.lifecycle import runs
+from sessions_app.lifecycle.runs import SendRequest
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    monkeypatch.setattr(delivery.broadcaster, "send", lambda owner_id, message: messages.append(message))
+    return messages
+
+
+def send(owner: Any, run_id: str) -> runs.SendOutcome:
+    request = SendRequest(owner_id=owner.pk, key="agent:main:main", agent_id="main", run_id=run_id,
+                          message="hi", body_hash=hashlib.sha256(b"hi").hexdigest(), timeout_ms=60_000)
+    return runs.admit_send(request, owner_process="")
+
+
+def test_rolled_back_changes_send_nothing(sent: list[dict[str, Any]], django_capture_on_commit_callbacks: Any) -> None:
+    owner = get_user_model().objects.create_user(username="o")
+    with django_capture_on_commit_callbacks(execute=True), pytest.raises(RuntimeError), transaction.atomic():
+        send(owner, "r1")
+        raise RuntimeError("rolled back")
+    assert sent == []
+
+
+def test_two_changes_in_one_transaction_carry_their_own_rows(
+    sent: list[dict[str, Any]], django_capture_on_commit_callbacks: Any
+) -> None:
+    """A run ends and the next starts in one commit: two rows, versions in order, each as written."""
+    owner = get_user_model().objects.create_user(username="o")
+    first = send(owner, "r1").run
+    send(owner, "r2")
+    assert first is not None and runs.mark_running(first.pk)
+    sent.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        runs.finish_run(first.pk, "done", owner_process="", reply="ok")
+    rows = [(m["payload"]["reason"], m["payload"]["session"]) for m in sent if m["type"] == "gateway.session"]
+    assert [(reason, row["status"], row["activeRunIds"]) for reason, row in rows] == [
+        ("run.completed", "done", []), ("run.started", "running", ["r2"])
+    ]
+    assert rows[0][1]["version"] + 1 == rows[1][1]["version"]
+    chats = [(m["payload"]["runId"], m["payload"]["state"]) for m in sent if m["type"] == "gateway.chat"]
+    assert chats == [("r1", "final"), ("r2", "status")]

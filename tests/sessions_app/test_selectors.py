@@ -1,0 +1,79 @@
+"""Reads: lists, transcripts, queue positions, bounded context; rows read with their runs in one statement."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from sessions_app import selectors
+from sessions_app.lifecycle import runs, sessions
+from sessions_app.models import Message
+
+pytestmark = pytest.mark.django_db
+
+
+def test_list_filters_search_and_pages(owner: Any, request_for: Callable[..., Any]) -> None:
+    for i in range(5):
+        sessions.create_session(owner_id=owner.pk, key=f"agent:main:s{i}", label=f"Label {i}")
+    runs.admit_send(request_for("r1", key="agent:main:s1"), owner_process="")
+    page = selectors.list_sessions(owner.pk, limit=2, offset=0)
+    assert page.total == 5 and [s.key for s in page.sessions] == ["agent:main:s1", "agent:main:s4"]
+    assert [s.key for s in selectors.list_sessions(owner.pk, status="running").sessions] == ["agent:main:s1"]
+    assert selectors.list_sessions(owner.pk, status="none").total == 4
+    assert [s.key for s in selectors.list_sessions(owner.pk, search="label 3").sessions] == ["agent:main:s3"]
+    assert selectors.list_sessions(owner.pk + 1).total == 0
+
+
+def test_a_session_and_the_runs_its_row_names_come_in_one_statement(request_for: Callable[..., Any]) -> None:
+    outcome = runs.admit_send(request_for("r1"), owner_process="")
+    with CaptureQueriesContext(connection) as ctx:
+        session = selectors.session_by_pk(outcome.session.pk)
+        assert session is not None
+        assert session.active_run is not None and session.active_run.run_id == "r1"
+        assert session.last_run is not None and session.last_run.run_id == "r1"
+    assert len(ctx.captured_queries) == 1
+
+
+def test_transcript_pages_and_open_runs(owner: Any, request_for: Callable[..., Any]) -> None:
+    first = runs.admit_send(request_for("r1"), owner_process="")
+    runs.admit_send(request_for("r2"), owner_process="")
+    session = first.session
+    for i in range(4):
+        Message.objects.create(session=session, session_generation=session.session_id, role="user", text=f"m{i}")
+    page = selectors.transcript(session, limit=3)
+    assert [m.text for m in page.messages] == ["m1", "m2", "m3"] and page.has_more
+    older = selectors.transcript(session, limit=3, before_id=page.messages[0].pk)
+    assert [m.text for m in older.messages] == ["hello", "m0"] and not older.has_more
+    assert page.active is not None and page.active.run_id == "r1"
+    assert [r.run_id for r in page.queued] == ["r2"]
+
+
+def test_queue_position(request_for: Callable[..., Any]) -> None:
+    active = runs.admit_send(request_for("r1"), owner_process="").run
+    queued = [runs.admit_send(request_for(f"q{i}"), owner_process="").run for i in range(3)]
+    assert selectors.queue_position(active) is None  # type: ignore[arg-type]
+    assert [selectors.queue_position(r) for r in queued] == [1, 2, 3]  # type: ignore[arg-type]
+
+
+def test_context_is_bounded_by_what_the_backend_reads(request_for: Callable[..., Any]) -> None:
+    outcome = runs.admit_send(request_for("r1", "latest"), owner_process="")
+    run, session = outcome.run, outcome.session
+    assert run is not None
+    Message.objects.bulk_create(
+        Message(session=session, session_generation=session.session_id, role="user", text=f"old{i}")
+        for i in range(50)
+    )
+    assert selectors.context_messages(run, limit=0) == []
+    # the newest messages of the generation, oldest first, however long the session is
+    assert [m.text for m in selectors.context_messages(run, limit=3)] == ["old47", "old48", "old49"]
+
+
+def test_open_run_counts(request_for: Callable[..., Any]) -> None:
+    runs.admit_send(request_for("r1"), owner_process="")
+    runs.admit_send(request_for("r2"), owner_process="")
+    assert selectors.open_run_counts() == (1, 1)
+    assert selectors.get_run(999) is None
