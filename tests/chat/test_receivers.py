@@ -37,21 +37,44 @@ def test_rolled_back_changes_send_nothing(sent: list[dict[str, Any]], django_cap
     assert sent == []
 
 
-def test_two_changes_in_one_transaction_carry_their_own_rows(
-    sent: list[dict[str, Any]], django_capture_on_commit_callbacks: Any
-) -> None:
-    """A run ends and the next starts in one commit: two rows, versions in order, each as written."""
+@pytest.mark.django_db(transaction=True)
+def test_two_changes_in_one_transaction_both_carry_the_committed_row(sent: list[dict[str, Any]]) -> None:
+    """A run ends and the next starts in one commit: one event per change, each with the row as committed."""
     owner = get_user_model().objects.create_user(username="o")
     first = send(owner, "r1").run
     send(owner, "r2")
     assert first is not None and runs.mark_running(first.pk)
     sent.clear()
-    with django_capture_on_commit_callbacks(execute=True):
-        runs.finish_run(first.pk, "done", owner_process="", reply="ok")
+    runs.finish_run(first.pk, "done", owner_process="", reply="ok")
     rows = [(m["payload"]["reason"], m["payload"]["session"]) for m in sent if m["type"] == "gateway.session"]
-    assert [(reason, row["status"], row["activeRunIds"]) for reason, row in rows] == [
-        ("run.completed", "done", []), ("run.started", "running", ["r2"])
+    assert [(reason, row["status"], row["activeRunIds"], row["lastRunId"]) for reason, row in rows] == [
+        ("run.completed", "running", ["r2"], "r2"), ("run.started", "running", ["r2"], "r2")
     ]
-    assert rows[0][1]["version"] + 1 == rows[1][1]["version"]
+    assert rows[0][1] == rows[1][1]
     chats = [(m["payload"]["runId"], m["payload"]["state"]) for m in sent if m["type"] == "gateway.chat"]
     assert chats == [("r1", "final"), ("r2", "status")]
+
+
+def test_a_session_created_by_its_first_send_is_announced_as_committed(
+    sent: list[dict[str, Any]], django_capture_on_commit_callbacks: Any
+) -> None:
+    owner = get_user_model().objects.create_user(username="o")
+    with django_capture_on_commit_callbacks(execute=True):
+        send(owner, "r1")
+    rows = [(m["payload"]["reason"], m["payload"]["session"]["activeRunIds"]) for m in sent
+            if m["type"] == "gateway.session"]
+    assert rows == [("create", ["r1"]), ("send", ["r1"])]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_changes_after_a_rollback_are_still_announced(sent: list[dict[str, Any]]) -> None:
+    owner = get_user_model().objects.create_user(username="o")
+    first = send(owner, "r1")
+    with pytest.raises(RuntimeError), transaction.atomic():
+        send(owner, "r2")  # queued: the row changed
+        raise RuntimeError("rolled back")
+    sent.clear()
+    send(owner, "r3")
+    assert first.run is not None
+    rows = [m["payload"]["session"]["queuedRunIds"] for m in sent if m["type"] == "gateway.session"]
+    assert rows == [["r3"]]

@@ -15,11 +15,10 @@ pytestmark = pytest.mark.django_db
 KEY = "agent:main:main"
 
 
-def test_create_patch_and_conflict(owner: Any, broadcasts: list[dict[str, Any]],
-                                   django_capture_on_commit_callbacks: Any) -> None:
-    with django_capture_on_commit_callbacks(execute=True):
-        session = sessions.create_session(owner_id=owner.pk, key="agent:main:s1", label="One")
-        sessions.patch_session(owner_id=owner.pk, key="agent:main:s1", label="Two")
+@pytest.mark.django_db(transaction=True)
+def test_create_patch_and_conflict(owner: Any, broadcasts: list[dict[str, Any]]) -> None:
+    session = sessions.create_session(owner_id=owner.pk, key="agent:main:s1", label="One")
+    sessions.patch_session(owner_id=owner.pk, key="agent:main:s1", label="Two")
     with pytest.raises(LifecycleError) as exc:
         sessions.create_session(owner_id=owner.pk, key="agent:main:s1")
     assert exc.value.code == "CONFLICT"
