@@ -21,7 +21,7 @@ from sessions_app.tokens import authenticate_token, hash_token, still_authorized
 
 from . import groups, handshake, methods, protocol, wire
 from .connection import ConnectionState
-from .db import db_sync_to_async
+from .db import db_read, db_write
 from .protocol import ProtocolError, invalid
 from .ratelimit import TokenBucket
 from .runtime.gateway import runtime
@@ -143,10 +143,10 @@ class GatewayConsumer(AsyncWebsocketConsumer):
 
     async def _identify(self, params: handshake.ConnectParams) -> tuple[int, str, bool] | None:
         if params.has_token:
-            user = await db_sync_to_async(authenticate_token)(params.token)
+            user = await db_write(authenticate_token, params.token)
             self.token_hash = hash_token(params.token) if params.token is not None else None
         else:
-            user = await db_sync_to_async(_scope_user)(self.scope)
+            user = await db_read(_scope_user, self.scope)
         if user is None:
             return None
         return int(user.pk), user.get_username(), bool(getattr(user, "is_staff", False))
@@ -204,7 +204,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             await asyncio.sleep(settings.GATEWAY_TICK_INTERVAL_MS / 1000)
             # A revoked token or a deactivated user ends open connections too, within a tick.
             try:
-                authorized = await db_sync_to_async(still_authorized)(self.state.user_id, self.token_hash)
+                authorized = await db_read(still_authorized, self.state.user_id, self.token_hash)
             except Exception:
                 log.warning("authorization re-check failed; trying again next tick", exc_info=True)
                 authorized = True

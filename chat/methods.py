@@ -16,7 +16,7 @@ from sessions_app.models import RunState
 
 from . import groups, metrics, protocol, wire
 from .connection import ConnectionState
-from .db import db_sync_to_async
+from .db import db_read, db_write
 from .protocol import ProtocolError, Scope, invalid
 from .runtime.backends import get_backend
 from .runtime.gateway import runtime
@@ -87,9 +87,9 @@ async def dispatch(conn: Conn, name: str, params: dict[str, Any]) -> Reply:
 
 
 async def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Run a sync service on a database thread, mapping domain errors to protocol errors."""
+    """Run a lifecycle service on the writer, mapping domain errors to protocol errors."""
     try:
-        return await db_sync_to_async(fn)(*args, **kwargs)
+        return await db_write(fn, *args, **kwargs)
     except LifecycleError as exc:
         raise ProtocolError(exc.code, exc.message, **exc.details) from exc
 
@@ -99,7 +99,7 @@ async def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 @method("health", scope=Scope.READ)
 async def health(conn: Conn, params: dict[str, Any]) -> Reply:
-    active, queued = await db_sync_to_async(selectors.open_run_counts)()
+    active, queued = await db_read(selectors.open_run_counts)
     return Reply({"ok": True, "ts": wire.now_ms(), "version": settings.GATEWAY_VERSION,
                   "activeRuns": active, "queuedRuns": queued})
 
@@ -181,7 +181,7 @@ async def _held_ack(conn: Conn, outcome: SendOutcome, send: protocol.ChatSendPar
     status = wire.replay_ack(run)
     if status == AckStatus.IN_FLIGHT and first != AckStatus.IN_FLIGHT:
         status = AckStatus.QUEUED if run.state == RunState.QUEUED else AckStatus.STARTED
-    position = await db_sync_to_async(selectors.queue_position)(run) if status != AckStatus.STARTED else None
+    position = await db_read(selectors.queue_position, run) if status != AckStatus.STARTED else None
     return _ack_reply(conn, SendOutcome(outcome.admission, run, session, position), status)
 
 
@@ -242,7 +242,7 @@ async def chat_history(conn: Conn, params: dict[str, Any]) -> Reply:
         if isinstance(before_raw, bool) or not isinstance(before_raw, str | int) or not str(before_raw).isdigit():
             raise invalid("beforeId must be a message id", field="beforeId")
         before_id = int(before_raw)
-    return Reply(await db_sync_to_async(_history)(conn.state.user_id, key, limit, before_id))
+    return Reply(await db_read(_history, conn.state.user_id, key, limit, before_id))
 
 
 # --- sessions.* --------------------------------------------------------------------------------
@@ -263,8 +263,8 @@ async def sessions_list(conn: Conn, params: dict[str, Any]) -> Reply:
         raise invalid("status must be one of " + ", ".join(sorted(LIST_STATUSES)), field="status")
     active_only = protocol.get_bool(params, "activeOnly")
     search = protocol.get_str(params, "search", required=False, min_len=0, max_len=200)
-    return Reply(await db_sync_to_async(_list)(
-        conn.state.user_id, offset, limit=limit, status=status, active_only=active_only, search=search or None
+    return Reply(await db_read(
+        _list, conn.state.user_id, offset, limit=limit, status=status, active_only=active_only, search=search or None
     ))
 
 
@@ -309,7 +309,7 @@ async def sessions_create(conn: Conn, params: dict[str, Any]) -> Reply:
         raise ProtocolError("NOT_FOUND", f"unknown agent: {agent_id}", field="agentId")
     session = await call(sessions.create_session, owner_id=conn.state.user_id, key=key, label=label,
                          agent_id=agent_id)
-    return Reply({"session": await db_sync_to_async(_row)(session.pk)})
+    return Reply({"session": await db_read(_row, session.pk)})
 
 
 @method("sessions.patch", scope=Scope.WRITE)
@@ -317,14 +317,14 @@ async def sessions_patch(conn: Conn, params: dict[str, Any]) -> Reply:
     key, _agent = protocol.session_key_param(params)
     label = protocol.get_str(params, "label", min_len=0, max_len=200)
     session = await call(sessions.patch_session, owner_id=conn.state.user_id, key=key, label=label or "")
-    return Reply({"session": await db_sync_to_async(_row)(session.pk)})
+    return Reply({"session": await db_read(_row, session.pk)})
 
 
 @method("sessions.reset", scope=Scope.WRITE)
 async def sessions_reset(conn: Conn, params: dict[str, Any]) -> Reply:
     key, _agent = protocol.session_key_param(params)
     session, _killed = await call(sessions.reset_session, owner_id=conn.state.user_id, key=key)
-    return Reply({"session": await db_sync_to_async(_row)(session.pk)})
+    return Reply({"session": await db_read(_row, session.pk)})
 
 
 @method("sessions.delete", scope=Scope.WRITE)

@@ -28,7 +28,7 @@ from sessions_app import selectors
 from sessions_app.models import TERMINAL_STATES, ChatSession, Run
 
 from . import wire
-from .db import db_sync_to_async
+from .db import db_read
 
 if TYPE_CHECKING:
     from .connection import ConnectionState
@@ -149,7 +149,7 @@ async def repair(connections: list[Repairable], scanner: Scanner) -> None:
     known: set[int] = set()
     for c in subscribed:
         known.update(c.state.rows)
-    snap = await db_sync_to_async(take_snapshot)(scanner, open_runs, owners, bool(subscribed), known)
+    snap = await db_read(take_snapshot, scanner, open_runs, owners, bool(subscribed), known)
     for c in live:
         try:
             events = c.state.repair_events(snap)

@@ -23,7 +23,7 @@ from sessions_app.lifecycle import runs
 from sessions_app.models import Run, RunState
 
 from .. import wire
-from ..db import db_sync_to_async
+from ..db import db_read, db_write
 from ..delivery import broadcaster, chat_message
 from .backends import AgentBackend, BackendError, BackendTimeout, DispatchError, RunContext, get_backend
 
@@ -92,7 +92,7 @@ class RunExecutor:
             self._store_cancel_ms(run_pk, int((time.monotonic() - started) * 1000))
 
     def _store_cancel_ms(self, run_pk: int, elapsed_ms: int) -> None:
-        task = asyncio.ensure_future(db_sync_to_async(runs.record_cancel_ms)(run_pk, elapsed_ms))
+        task = asyncio.ensure_future(db_write(runs.record_cancel_ms, run_pk, elapsed_ms))
         self.bookkeeping.add(task)
         task.add_done_callback(self.bookkeeping.discard)
 
@@ -105,7 +105,7 @@ class RunExecutor:
         deadline = time.monotonic() + timeout
         try:
             while True:
-                run = await db_sync_to_async(selectors.get_run)(run_pk)
+                run = await db_read(selectors.get_run, run_pk)
                 if run is None or run.is_terminal:
                     return run
                 remaining = deadline - time.monotonic()
@@ -126,11 +126,11 @@ class RunExecutor:
 
     async def _execute(self, run_pk: int) -> None:
         try:
-            run = await db_sync_to_async(selectors.get_run)(run_pk)
+            run = await db_read(selectors.get_run, run_pk)
             if run is None or run.state != RunState.DISPATCHING:
                 return
             backend = get_backend(run.session.agent_id)
-            ctx = await db_sync_to_async(_context_for)(run, backend)
+            ctx = await db_read(_context_for, run, backend)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -145,7 +145,7 @@ class RunExecutor:
                 if backend is None:
                     raise DispatchError(f"agent {run.session.agent_id!r} has no usable backend")
                 stream = await backend.start(ctx)
-                if not await db_sync_to_async(runs.mark_running)(run_pk):
+                if not await db_write(runs.mark_running, run_pk):
                     await _aclose(stream)
                     return  # an abort owns the run: the backend never streams
                 text = await self._pump(run, stream)
@@ -205,7 +205,7 @@ class RunExecutor:
         raise asyncio.CancelledError()  # ended elsewhere while streaming
 
     async def _flush(self, run: Run, text: str, sent: str) -> bool:
-        seq = await db_sync_to_async(runs.record_delta)(run.pk, text)
+        seq = await db_write(runs.record_delta, run.pk, text)
         if seq is None:
             return False  # the run ended: no delta may follow its terminal event
         payload = wire.delta_payload(
@@ -226,8 +226,9 @@ class RunExecutor:
         try:
             for attempt in range(5):
                 try:
-                    finish = db_sync_to_async(runs.finish_run)
-                    await asyncio.shield(finish(run_pk, state, owner_process=self.successor_owner, **kwargs))
+                    await asyncio.shield(
+                        db_write(runs.finish_run, run_pk, state, owner_process=self.successor_owner, **kwargs)
+                    )
                     return
                 except asyncio.CancelledError:
                     raise

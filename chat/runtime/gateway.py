@@ -13,7 +13,7 @@ from typing import Any
 
 from sessions_app import process
 
-from ..db import db_sync_to_async
+from ..db import db_write
 from ..delivery import broadcaster
 from .executor import RunExecutor
 from .registry import ConnectionRegistry
@@ -56,7 +56,7 @@ class GatewayRuntime:
         self.executor.reset(self.server_id)
         self.connections.clear()
         broadcaster.start()
-        await db_sync_to_async(process.register)(self.server_id)
+        await db_write(process.register, self.server_id)
         self.supervisor.start()
         log.info("gateway runtime %s started", self.server_id)
 

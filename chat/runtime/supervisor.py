@@ -23,7 +23,7 @@ from sessions_app.lifecycle import runs
 from sessions_app.models import ACTIVE_STATES, Actor, Run, RunState
 
 from .. import groups, repair
-from ..db import db_sync_to_async
+from ..db import db_read, db_write
 
 if TYPE_CHECKING:
     from .gateway import GatewayRuntime
@@ -66,10 +66,10 @@ class Supervisor:
         while not rt.stopping:
             await asyncio.sleep(settings.GATEWAY_HEARTBEAT_SECONDS)
             try:
-                await db_sync_to_async(process.heartbeat)(rt.server_id)
-                await db_sync_to_async(recovery.sweep)(rt.server_id)
-                for pk in await db_sync_to_async(process.unowned_active_runs)():
-                    if rt.accepting and await db_sync_to_async(runs.claim_run)(pk, server_id=rt.server_id):
+                await db_write(process.heartbeat, rt.server_id)
+                await db_write(recovery.sweep, rt.server_id)
+                for pk in await db_read(process.unowned_active_runs):
+                    if rt.accepting and await db_write(runs.claim_run, pk, server_id=rt.server_id):
                         rt.executor.submit(pk)
             except Exception:
                 log.exception("heartbeat/recovery sweep failed")
@@ -85,7 +85,7 @@ class Supervisor:
         while not rt.stopping:
             await asyncio.sleep(settings.GATEWAY_REPAIR_SECONDS)
             try:
-                ended, orphans = await db_sync_to_async(_reconcile_snapshot)(rt.server_id, list(executor.tasks))
+                ended, orphans = await db_read(_reconcile_snapshot, rt.server_id, list(executor.tasks))
                 for pk in ended:
                     executor.cancel(pk)
                 for pk, state in orphans:
@@ -144,10 +144,8 @@ class Supervisor:
         deadline = time.monotonic() + drain_seconds
         while rt.executor.tasks and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
-        await db_sync_to_async(runs.interrupt_runs_of_process)(
-            rt.server_id, actor=Actor.SYSTEM, message=SHUTDOWN_MESSAGE
-        )
-        await db_sync_to_async(process.mark_stopped)(rt.server_id)
+        await db_write(runs.interrupt_runs_of_process, rt.server_id, actor=Actor.SYSTEM, message=SHUTDOWN_MESSAGE)
+        await db_write(process.mark_stopped, rt.server_id)
         # Deliver the interruptions from the database before closing: the layer messages
         # carrying them may still be queued behind this drain.
         with contextlib.suppress(Exception):

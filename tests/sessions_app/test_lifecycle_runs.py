@@ -54,7 +54,8 @@ def test_run_steps_and_first_terminal_wins(
     assert terminals.count() == 1
     session = ChatSession.objects.get(pk=run.session_id)
     assert session.active_run_id is None and session.status == SessionStatus.DONE
-    assert list(Message.objects.order_by("id").values_list("role", "text")) == [("user", "hello"), ("assistant", "hello")]
+    transcript = list(Message.objects.order_by("id").values_list("role", "text"))
+    assert transcript == [("user", "hello"), ("assistant", "hello")]
 
 
 def test_replay_conflict_queue_and_rejection(request_for: Callable[..., Any], settings: Any) -> None:
