@@ -147,6 +147,27 @@ async def _send(conn: Conn, params: dict[str, Any], *, steer: bool) -> Reply:
             "RATE_LIMITED", f"at most {settings.GATEWAY_MAX_HELD_ACKS} acks may be held by waitMs at once",
             field="waitMs", reason="too-many-held-acks", retryable=True, retry_after_ms=1000,
         )
+    # A key seen before is answered from what is stored, without a write (§4).
+    outcome = await db_read(_known_send, conn.state.user_id, send)
+    if outcome is None:
+        outcome = await _admit(conn, send, steer=steer)
+    reply = _ack_reply(conn, outcome)
+    if send.wait_ms > 0 and outcome.run is not None and wire.ack_status(outcome) in wire.LIVE_ACKS:
+        return Reply(wait=lambda: _held_ack(conn, outcome, send))
+    return reply
+
+
+def _known_send(owner_id: int, send: protocol.ChatSendParams) -> SendOutcome | None:
+    """The outcome of a send whose key its session already has, or None for a new key."""
+    run = selectors.find_run(owner_id, send.key, send.run_id)
+    if run is None:
+        return None
+    if run.body_hash != send.body_hash:
+        return SendOutcome("conflict", run, run.session)
+    return SendOutcome("existing", run, run.session, selectors.queue_position(run))
+
+
+async def _admit(conn: Conn, send: protocol.ChatSendParams, *, steer: bool) -> SendOutcome:
     backend = get_backend(send.agent_id)
     setup_error = (
         f"agent {send.agent_id!r} has no usable backend" if backend is None
@@ -158,10 +179,7 @@ async def _send(conn: Conn, params: dict[str, Any], *, steer: bool) -> Reply:
         queue_mode=send.queue_mode, interrupt_reason="steer" if steer else "interrupt", setup_error=setup_error,
     )
     outcome: SendOutcome = await call(runs.admit_send, request, owner_process=runtime.owner_for_new_runs())
-    reply = _ack_reply(conn, outcome)
-    if send.wait_ms > 0 and outcome.run is not None and wire.ack_status(outcome) in wire.LIVE_ACKS:
-        return Reply(wait=lambda: _held_ack(conn, outcome, send))
-    return reply
+    return outcome
 
 
 async def _held_ack(conn: Conn, outcome: SendOutcome, send: protocol.ChatSendParams) -> Reply:

@@ -105,6 +105,13 @@ def transcript(session: ChatSession, *, limit: int = 200, before_id: int | None 
     )
 
 
+def find_run(owner_id: int, key: str, run_id: str) -> Run | None:
+    """The run of an owner's session key by its idempotency key, with its session (one statement)."""
+    return Run.objects.select_related("session").filter(
+        session__owner_id=owner_id, session__key=key, run_id=run_id
+    ).first()
+
+
 def get_run(pk: int) -> Run | None:
     return Run.objects.select_related("session").filter(pk=pk).first()
 

@@ -25,7 +25,7 @@ from sessions_app.models import Run, RunState
 from .. import wire
 from ..db import db_read, db_write
 from ..delivery import broadcaster, chat_message
-from .backends import AgentBackend, BackendError, BackendTimeout, DispatchError, RunContext, get_backend
+from .backends import BackendError, BackendTimeout, DispatchError, RunContext, get_backend
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,9 @@ class RunExecutor:
             if run is None or run.state != RunState.DISPATCHING:
                 return
             backend = get_backend(run.session.agent_id)
-            ctx = await db_read(_context_for, run, backend)
+            window = backend.context_messages if backend is not None else 0
+            transcript = await db_read(_transcript, run, window) if window else []
+            ctx = _context_for(run, transcript)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -247,13 +249,16 @@ async def _aclose(stream: Any) -> None:
             await closer()
 
 
-def _context_for(run: Run, backend: AgentBackend | None) -> RunContext:
-    """The backend's context: the run, plus as much of its transcript as the backend reads."""
-    window = backend.context_messages if backend is not None else 0
-    transcript = [
+def _transcript(run: Run, window: int) -> list[dict[str, Any]]:
+    """The newest `window` messages of the run's generation (as much as its backend reads)."""
+    return [
         {"role": m.role, "text": m.text, "aborted": m.aborted, "run": m.run_id}
         for m in selectors.context_messages(run, limit=window)
     ]
+
+
+def _context_for(run: Run, transcript: list[dict[str, Any]]) -> RunContext:
+    """The backend's context: the run and its transcript."""
     return RunContext(
         run_pk=run.pk, run_id=run.run_id, session_key=run.session.key, session_id=str(run.session_generation),
         agent_id=run.session.agent_id, agent=dict(settings.GATEWAY_AGENTS.get(run.session.agent_id, {})),

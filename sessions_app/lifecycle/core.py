@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import IntegrityError, transaction
-from django.db.models import F, Max
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Max, QuerySet
 from django.utils import timezone
 
-from .. import signals
+from .. import selectors, signals
 from ..models import ACTIVE_STATES, TERMINAL_STATES, Actor, ChatSession, Message, Run, RunState, SessionStatus
 from ..transitions import sources_for
 
@@ -48,26 +48,41 @@ class SessionNotFound(LifecycleError):
 # --- finding and locking sessions -------------------------------------------------------
 
 
+def _locked() -> QuerySet[ChatSession]:
+    # The row with the runs it names, in one statement; only the session row is locked.
+    return selectors.sessions_with_runs().select_for_update(of=("self",))
+
+
 def lock_session(*, owner_id: int | None = None, key: str | None = None, pk: int | None = None) -> ChatSession:
     """The session, row-locked: by owner and key (clients) or by primary key (operators)."""
-    qs = ChatSession.objects.select_for_update()
-    qs = qs.filter(pk=pk) if pk is not None else qs.filter(owner_id=owner_id, key=key)
+    qs = _locked().filter(pk=pk) if pk is not None else _locked().filter(owner_id=owner_id, key=key)
     session = qs.first()
     if session is None:
         raise SessionNotFound()
     return session
 
 
+def lock_run(run_pk: int) -> tuple[ChatSession, Run] | None:
+    """A run and its session, the session row-locked first; None when either is gone.
+
+    Read after the lock, the run's state is current: every state change holds it.
+    """
+    session = _locked().filter(runs__pk=run_pk).first()
+    run = Run.objects.filter(pk=run_pk).first() if session is not None else None
+    return None if run is None or session is None else (session, run)
+
+
 def lock_or_create_session(*, owner_id: int, key: str, agent_id: str, actor: str) -> ChatSession:
     """The locked session, created once even when two creators race."""
-    existing = ChatSession.objects.select_for_update().filter(owner_id=owner_id, key=key).first()
+    existing = _locked().filter(owner_id=owner_id, key=key).first()
     if existing is not None:
         return existing
     try:
         with transaction.atomic():  # savepoint: the unique constraint decides the race
             session = ChatSession.objects.create(owner_id=owner_id, key=key, agent_id=agent_id)
     except IntegrityError:
-        return ChatSession.objects.select_for_update().get(owner_id=owner_id, key=key)
+        return _locked().get(owner_id=owner_id, key=key)
+    session.active_run = session.last_run = None  # known: no query to find out
     row_changed(session, reason="create", actor=actor)
     return session
 
@@ -127,9 +142,7 @@ def queued_runs(session: ChatSession) -> list[Run]:
 def emit_run(
     run: Run, session: ChatSession, *, from_state: str, to_state: str, reason: str, actor: str, row_changed: bool
 ) -> None:
-    """Announce a run transition; it carries a `chat` event at the run's next `seq`."""
-    Run.objects.filter(pk=run.pk).update(stream_seq=F("stream_seq") + 1)
-    run.stream_seq += 1
+    """Announce a run transition; it carries a `chat` event at `run.stream_seq` (already taken)."""
     signals.run_transitioned.send(
         sender=Run, run=run, session=session, from_state=from_state, to_state=to_state,
         reason=reason, actor=actor, row_changed=row_changed,
@@ -155,6 +168,9 @@ def transition(
     Terminal transitions update the row only for the active run of the current
     generation (§8).
     """
+    from_state = run.state
+    if from_state not in sources_for(to_state):
+        return False
     now = timezone.now()
     updates: dict[str, Any] = dict(values)
     terminal = to_state in TERMINAL_STATES
@@ -165,13 +181,8 @@ def transition(
     elif to_state == RunState.DISPATCHING:
         updates["dispatched_at"] = now
         updates["owner_process"] = owner_process
-    fresh = Run.objects.filter(pk=run.pk).values_list("state", flat=True).first()
-    if fresh is None or fresh not in sources_for(to_state):
+    if not _compare_and_set(run, to_state, updates):
         return False
-    if not Run.objects.filter(pk=run.pk, state=fresh).update(state=to_state, **updates):
-        return False
-    from_state = fresh
-    run.refresh_from_db()
 
     if not terminal:
         activated = to_state == RunState.DISPATCHING
@@ -207,6 +218,29 @@ def transition(
              row_changed=changed)
     if was_active and start_next:
         start_next_queued(session, actor=Actor.SYSTEM, owner_process=owner_process)
+    return True
+
+
+def _compare_and_set(run: Run, to_state: str, updates: dict[str, Any]) -> bool:
+    """One statement: move `run` from its state to `to_state`, take the next event `seq`, read back
+    the stored text (deltas write it without the session lock); False if the state had moved."""
+    values = {"state": to_state, **updates}
+    fields = [Run._meta.get_field(name) for name in values]
+    quote = connection.ops.quote_name
+    sets = ", ".join(f"{quote(str(f.column))} = %s" for f in fields)  # type: ignore[union-attr]
+    sql = (
+        f"UPDATE {quote(Run._meta.db_table)} SET {sets}, stream_seq = stream_seq + 1 "
+        "WHERE id = %s AND state = %s RETURNING stream_seq, reply"
+    )
+    params = [f.get_db_prep_save(values[f.name], connection) for f in fields]  # type: ignore[union-attr]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, run.pk, run.state])
+        row = cursor.fetchone()
+    if row is None:
+        return False
+    for name, value in values.items():
+        setattr(run, name, value)
+    run.stream_seq, run.reply = int(row[0]), row[1]
     return True
 
 

@@ -13,11 +13,10 @@ from .. import selectors
 from ..models import ACTIVE_STATES, Actor, ChatSession, Run, RunState, SessionStatus
 from .core import (
     REASON_FOR_STATE,
-    SessionNotFound,
     emit_run,
     kill,
     lock_or_create_session,
-    lock_session,
+    lock_run,
     next_queue_seq,
     save_row,
     transition,
@@ -79,7 +78,7 @@ def admit_send(req: SendRequest, *, owner_process: str, actor: str = Actor.USER)
         if active is not None and req.queue_mode != "interrupt":
             if Run.objects.filter(session=session, state=RunState.QUEUED).count() >= settings.GATEWAY_QUEUE_MAX:
                 return SendOutcome("queue_full", None, session)
-            run = Run.objects.create(state=RunState.QUEUED, queue_seq=next_queue_seq(session), **base)
+            run = Run.objects.create(state=RunState.QUEUED, queue_seq=next_queue_seq(session), stream_seq=1, **base)
             save_row(session)
             emit_run(run, session, from_state="", to_state=RunState.QUEUED, reason="queued", actor=actor,
                      row_changed=True)
@@ -99,7 +98,7 @@ def _admit_failed(session: ChatSession, base: dict[str, Any], error: str, actor:
     """Persist a send that failed before its ack as a failed run (§4)."""
     run = Run.objects.create(
         state=RunState.FAILED, error_kind="dispatch", error_message=error, ended_at=timezone.now(),
-        queue_seq=next_queue_seq(session), **base,
+        queue_seq=next_queue_seq(session), stream_seq=1, **base,
     )
     changed = False
     if session.active_run_id is None:
@@ -119,10 +118,10 @@ def _admit_failed(session: ChatSession, base: dict[str, Any], error: str, actor:
 def mark_running(run_pk: int) -> bool:
     """dispatching -> running; False when the run was already ended (an abort won) or is gone."""
     with transaction.atomic():
-        run = Run.objects.filter(pk=run_pk).first()
-        if run is None:
+        found = lock_run(run_pk)
+        if found is None:
             return False
-        session = lock_session(pk=run.session_id)
+        session, run = found
         return transition(run, RunState.RUNNING, session=session, reason="run.running", actor=Actor.SYSTEM,
                           owner_process=run.owner_process)
 
@@ -165,13 +164,10 @@ def finish_run(
     `delete`): that is its terminal, and this returns False quietly.
     """
     with transaction.atomic():
-        run = Run.objects.filter(pk=run_pk).first()
-        if run is None:
+        found = lock_run(run_pk)
+        if found is None:
             return False
-        try:
-            session = lock_session(pk=run.session_id)
-        except SessionNotFound:
-            return False
+        session, run = found
         values: dict[str, Any] = {"stop_reason": stop_reason, "error_kind": error_kind, "error_message": error_message}
         if reply is not None:
             values["reply"] = reply
