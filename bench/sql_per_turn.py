@@ -65,7 +65,7 @@ async def measure(turns: int) -> None:
     from channels.testing import WebsocketCommunicator
     from django.contrib.auth import get_user_model
 
-    from chat.db import db_sync_to_async
+    from chat.db import db_write
     from gatewayproject.asgi import application
     from sessions_app.tokens import issue_token
     from tests.support.communicator import Client
@@ -74,7 +74,7 @@ async def measure(turns: int) -> None:
         user = get_user_model().objects.create_user(username="sqlcount")
         return issue_token(user)[1]
 
-    token = await db_sync_to_async(make_token)()
+    token = await db_write(make_token)
     comm = WebsocketCommunicator(application, "/ws/gateway")
     connected, _ = await comm.connect()
     assert connected

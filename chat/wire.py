@@ -12,7 +12,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sessions_app import selectors
+from sessions_app import queries, selectors
 from sessions_app.lifecycle.runs import SendOutcome
 from sessions_app.models import OPEN_STATES, ChatSession, Message, Run, RunState, SessionStatus
 
@@ -69,14 +69,14 @@ def session_row(session: ChatSession, queued: Sequence[str]) -> dict[str, Any]:
     """The row of a session read with its runs (`selectors.sessions_with_runs`)."""
     # `running`, `hasActiveRun` and `activeRunIds` all come from the one active-run slot,
     # read in the same statement as the row: they can never contradict each other.
-    active = session.active_run
+    active = queries.run_id_of(session, "active_run")
     running = active is not None
     started = session.started_at
     ended = None if running else session.ended_at
     runtime = None
     if not running and started is not None and ended is not None:
         runtime = max(0, int((ended - started).total_seconds() * 1000))
-    last = session.last_run
+    last = queries.run_id_of(session, "last_run")
     return {
         "key": session.key,
         "sessionId": str(session.session_id),
@@ -87,9 +87,9 @@ def session_row(session: ChatSession, queued: Sequence[str]) -> dict[str, Any]:
             None if session.status == SessionStatus.RUNNING else session.status
         ),
         "hasActiveRun": running,
-        "activeRunIds": [active.run_id] if active is not None else [],
+        "activeRunIds": [active] if active is not None else [],
         "queuedRunIds": list(queued),
-        "lastRunId": last.run_id if last is not None else None,
+        "lastRunId": last,
         "startedAt": ms(started),
         "endedAt": ms(ended),
         "runtimeMs": runtime,

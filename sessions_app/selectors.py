@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from django.db.models import Q, QuerySet
 
+from . import queries
 from .models import ACTIVE_STATES, OPEN_STATES, ChatSession, Message, Run, RunState
 
 # A session with the runs its row names, read in one statement: a row read in two steps
@@ -35,11 +36,11 @@ def queued_run_ids(session_pks: Sequence[int]) -> dict[int, list[str]]:
 
 
 def session_by_pk(session_pk: int) -> ChatSession | None:
-    return sessions_with_runs().filter(pk=session_pk).first()
+    return queries.session("s.id = %s", [session_pk])
 
 
 def find_session(owner_id: int, key: str) -> ChatSession | None:
-    return sessions_with_runs().filter(owner_id=owner_id, key=key).first()
+    return queries.session("s.owner_id = %s AND s.key = %s", [owner_id, key])
 
 
 def owner_sessions(owner_id: int | None) -> QuerySet[ChatSession]:
@@ -107,13 +108,12 @@ def transcript(session: ChatSession, *, limit: int = 200, before_id: int | None 
 
 def find_run(owner_id: int, key: str, run_id: str) -> Run | None:
     """The run of an owner's session key by its idempotency key, with its session (one statement)."""
-    return Run.objects.select_related("session").filter(
-        session__owner_id=owner_id, session__key=key, run_id=run_id
-    ).first()
+    return queries.run("s.owner_id = %s AND s.key = %s AND r.run_id = %s", [owner_id, key, run_id],
+                       with_session=True)
 
 
 def get_run(pk: int) -> Run | None:
-    return Run.objects.select_related("session").filter(pk=pk).first()
+    return queries.run("r.id = %s", [pk], with_session=True)
 
 
 def queue_position(run: Run) -> int | None:

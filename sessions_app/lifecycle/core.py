@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Max, QuerySet
+from django.db.models import Max
 from django.utils import timezone
 
-from .. import selectors, signals
+from .. import queries, signals
 from ..models import ACTIVE_STATES, TERMINAL_STATES, Actor, ChatSession, Message, Run, RunState, SessionStatus
 from ..transitions import sources_for
 
@@ -48,15 +48,16 @@ class SessionNotFound(LifecycleError):
 # --- finding and locking sessions -------------------------------------------------------
 
 
-def _locked() -> QuerySet[ChatSession]:
-    # The row with the runs it names, in one statement; only the session row is locked.
-    return selectors.sessions_with_runs().select_for_update(of=("self",))
+def _lock_by_key(owner_id: int | None, key: str | None) -> ChatSession | None:
+    return queries.session("s.owner_id = %s AND s.key = %s", [owner_id, key], lock=True)
 
 
 def lock_session(*, owner_id: int | None = None, key: str | None = None, pk: int | None = None) -> ChatSession:
-    """The session, row-locked: by owner and key (clients) or by primary key (operators)."""
-    qs = _locked().filter(pk=pk) if pk is not None else _locked().filter(owner_id=owner_id, key=key)
-    session = qs.first()
+    """The session, row-locked (with the runIds its row names): by owner and key (clients) or by
+    primary key (operators)."""
+    session = (
+        queries.session("s.id = %s", [pk], lock=True) if pk is not None else _lock_by_key(owner_id, key)
+    )
     if session is None:
         raise SessionNotFound()
     return session
@@ -67,21 +68,22 @@ def lock_run(run_pk: int) -> tuple[ChatSession, Run] | None:
 
     Read after the lock, the run's state is current: every state change holds it.
     """
-    session = _locked().filter(runs__pk=run_pk).first()
-    run = Run.objects.filter(pk=run_pk).first() if session is not None else None
+    session = queries.session(f"s.id = (SELECT session_id FROM {Run._meta.db_table} WHERE id = %s)", [run_pk],
+                              lock=True)
+    run = queries.run("r.id = %s", [run_pk]) if session is not None else None
     return None if run is None or session is None else (session, run)
 
 
 def lock_or_create_session(*, owner_id: int, key: str, agent_id: str, actor: str) -> ChatSession:
     """The locked session, created once even when two creators race."""
-    existing = _locked().filter(owner_id=owner_id, key=key).first()
+    existing = _lock_by_key(owner_id, key)
     if existing is not None:
         return existing
     try:
         with transaction.atomic():  # savepoint: the unique constraint decides the race
             session = ChatSession.objects.create(owner_id=owner_id, key=key, agent_id=agent_id)
     except IntegrityError:
-        return _locked().get(owner_id=owner_id, key=key)
+        return lock_session(owner_id=owner_id, key=key)
     session.active_run = session.last_run = None  # known: no query to find out
     row_changed(session, reason="create", actor=actor)
     return session

@@ -9,7 +9,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from .. import selectors
+from .. import queries, selectors
 from ..models import ACTIVE_STATES, Actor, ChatSession, Run, RunState, SessionStatus
 from .core import (
     REASON_FOR_STATE,
@@ -60,7 +60,7 @@ def admit_send(req: SendRequest, *, owner_process: str, actor: str = Actor.USER)
     """
     with transaction.atomic():
         session = lock_or_create_session(owner_id=req.owner_id, key=req.key, agent_id=req.agent_id, actor=actor)
-        existing = Run.objects.filter(session=session, run_id=req.run_id).first()
+        existing = queries.run("r.session_id = %s AND r.run_id = %s", [session.pk, req.run_id])
         if existing is not None:
             if existing.body_hash != req.body_hash:
                 return SendOutcome("conflict", existing, session)
@@ -74,7 +74,7 @@ def admit_send(req: SendRequest, *, owner_process: str, actor: str = Actor.USER)
         if req.setup_error is not None:
             return _admit_failed(session, base, req.setup_error, actor)
 
-        active = Run.objects.filter(pk=session.active_run_id).first() if session.active_run_id else None
+        active = queries.run("r.id = %s", [session.active_run_id]) if session.active_run_id else None
         if active is not None and req.queue_mode != "interrupt":
             if Run.objects.filter(session=session, state=RunState.QUEUED).count() >= settings.GATEWAY_QUEUE_MAX:
                 return SendOutcome("queue_full", None, session)

@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from sessions_app import selectors
+from sessions_app import queries, selectors
 from sessions_app.lifecycle import runs, sessions
 from sessions_app.models import Message
 
@@ -33,9 +33,10 @@ def test_a_session_and_the_runs_its_row_names_come_in_one_statement(request_for:
     with CaptureQueriesContext(connection) as ctx:
         session = selectors.session_by_pk(outcome.session.pk)
         assert session is not None
-        assert session.active_run is not None and session.active_run.run_id == "r1"
-        assert session.last_run is not None and session.last_run.run_id == "r1"
-    assert len(ctx.captured_queries) == 1
+        assert queries.run_id_of(session, "active_run") == "r1" and queries.run_id_of(session, "last_run") == "r1"
+        assert [s.key for s in selectors.owner_sessions(outcome.session.owner_id)] == [session.key]
+        assert queries.run_id_of(selectors.owner_sessions(None).get(), "active_run") == "r1"
+    assert len(ctx.captured_queries) == 3
 
 
 def test_transcript_pages_and_open_runs(owner: Any, request_for: Callable[..., Any]) -> None:

@@ -1,0 +1,126 @@
+"""The few reads of the hot path, as SQL compiled once instead of on every call.
+
+Every turn reads a session (locked, with the runIds its row names) and a run a few
+times. Building those statements with the ORM costs more than running them, so they
+are composed once per process from the models' metadata and executed directly; the
+rows become model instances through the fields' own database converters, exactly as
+the ORM would make them. Everything else goes through the ORM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import cache
+from typing import Any, TypeVar
+
+from django.db import connection
+from django.db.models import Field, Model
+
+from .models import ChatSession, Run
+
+M = TypeVar("M", bound=Model)
+# attribute names of the runIds a session row names (see `run_id_of`)
+ACTIVE_RUN_ID = "_active_run_rid"
+LAST_RUN_ID = "_last_run_rid"
+
+
+class _Shape:
+    """The columns of one model in a SELECT, and how to turn them back into an instance."""
+
+    def __init__(self, model: type[Model], alias: str) -> None:
+        self.model = model
+        self.fields: list[Field[Any, Any]] = list(model._meta.concrete_fields)  # type: ignore[arg-type]
+        self.names = [f.attname for f in self.fields]
+        quote = connection.ops.quote_name
+        self.columns = ", ".join(f"{alias}.{quote(str(f.column))}" for f in self.fields)
+        self.converters = []
+        for f in self.fields:
+            col = f.get_col(alias)
+            # as the ORM's compiler does: the backend's converters, then the field's
+            self.converters.append((col, connection.ops.get_db_converters(col) + col.get_db_converters(connection)))
+
+    def make(self, values: Sequence[Any]) -> Model:
+        converted = []
+        for value, (col, converters) in zip(values, self.converters, strict=True):
+            for convert in converters:
+                value = convert(value, col, connection)
+            converted.append(value)
+        return self.model.from_db(connection.alias, self.names, converted)
+
+
+@cache
+def _shapes(vendor: str) -> tuple[_Shape, _Shape]:
+    return _Shape(ChatSession, "s"), _Shape(Run, "r")
+
+
+def _table(model: type[Model]) -> str:
+    return connection.ops.quote_name(model._meta.db_table)
+
+
+@cache
+def _session_sql(where: str, lock: bool, vendor: str) -> str:
+    session, _run = _shapes(vendor)
+    # FOR UPDATE only where the database has it (SQLite's IMMEDIATE transactions serialise writers)
+    lock_clause = " FOR UPDATE OF s" if lock and connection.features.has_select_for_update_of else ""
+    return (
+        f"SELECT {session.columns}, a.run_id, l.run_id FROM {_table(ChatSession)} s "
+        f"LEFT JOIN {_table(Run)} a ON a.id = s.active_run_id "
+        f"LEFT JOIN {_table(Run)} l ON l.id = s.last_run_id "
+        f"WHERE {where}{lock_clause}"
+    )
+
+
+def session(where: str, params: Sequence[Any], *, lock: bool = False) -> ChatSession | None:
+    """One session with the runIds its row names, in one statement (`where` uses alias `s`)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_session_sql(where, lock, connection.vendor), params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    shape = _shapes(connection.vendor)[0]
+    found = shape.make(row[:-2])
+    setattr(found, ACTIVE_RUN_ID, row[-2])
+    setattr(found, LAST_RUN_ID, row[-1])
+    assert isinstance(found, ChatSession)
+    return found
+
+
+@cache
+def _run_sql(where: str, with_session: bool, vendor: str) -> str:
+    session, run = _shapes(vendor)
+    if with_session:
+        return (
+            f"SELECT {run.columns}, {session.columns} FROM {_table(Run)} r "
+            f"JOIN {_table(ChatSession)} s ON s.id = r.session_id WHERE {where}"
+        )
+    return f"SELECT {run.columns} FROM {_table(Run)} r WHERE {where}"
+
+
+def run(where: str, params: Sequence[Any], *, with_session: bool = False) -> Run | None:
+    """One run (alias `r`), optionally with its session (alias `s`) attached, in one statement."""
+    with connection.cursor() as cursor:
+        cursor.execute(_run_sql(where, with_session, connection.vendor), params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    session_shape, run_shape = _shapes(connection.vendor)
+    found = run_shape.make(row[: len(run_shape.fields)])
+    assert isinstance(found, Run)
+    if with_session:
+        found.session = session_shape.make(row[len(run_shape.fields) :])  # type: ignore[assignment]
+    return found
+
+
+def run_id_of(session: ChatSession, relation: str) -> str | None:
+    """The runId of the session's `active_run` or `last_run`: known, read with the row, or looked up."""
+    if getattr(session, f"{relation}_id") is None:
+        return None
+    field = ChatSession._meta.get_field(relation)
+    if field.is_cached(session):  # type: ignore[union-attr]
+        cached = getattr(session, relation)
+        return None if cached is None else str(cached.run_id)
+    known = getattr(session, ACTIVE_RUN_ID if relation == "active_run" else LAST_RUN_ID, None)
+    if known is not None:
+        return str(known)
+    related = getattr(session, relation)
+    return None if related is None else str(related.run_id)
