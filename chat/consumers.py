@@ -28,7 +28,9 @@ from chat.db import db_sync_to_async
 from sessions_app.models import TERMINAL_STATES
 from sessions_app.tokens import authenticate_token, hash_token, still_authorized
 
-from . import groups, methods, protocol
+from gatewayproject import logs
+
+from . import groups, methods, metrics, protocol
 from .protocol import ProtocolError, invalid
 from .repair import Position, Scanner, Snapshot
 from .repair import repair as repair_pass
@@ -59,6 +61,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
 
     async def connect(self) -> None:
         self.conn_id = uuid.uuid4().hex
+        logs.conn_id.set(self.conn_id)
         self.authed = False
         self.user_id = 0
         self.username = ""
@@ -82,6 +85,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         self._spawn(self._connect_deadline())
 
     async def disconnect(self, code: int) -> None:
+        metrics.websocket_closed(code)
         for task in list(self.tasks):
             task.cancel()
         run_manager.consumers.discard(self)
@@ -125,7 +129,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             scope = protocol.METHOD_SCOPES[request.method]
             if scope not in self.scopes:
                 raise ProtocolError("FORBIDDEN", f"{request.method} needs scope {scope}")
-            reply = await handler(self, request.params)
+            reply = await metrics.call_handler(request.method, handler, self, request.params)
         except ProtocolError as exc:
             await self._reply_error(request.id, exc)
             return

@@ -25,10 +25,12 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 
 from chat.db import db_sync_to_async
+from gatewayproject import logs
 from sessions_app import lifecycle, process
 from sessions_app.models import ACTIVE_STATES, Message, Run, RunState
 
-from .. import delivery, groups, protocol
+from .. import delivery, groups, metrics, protocol
+from . import health
 from .backends import BackendError, BackendTimeout, DispatchError, RunContext, get_backend
 
 log = logging.getLogger(__name__)
@@ -70,6 +72,7 @@ class RunManager:
         self.accepting = True
         self.stopping = False
         self.scanner = _new_scanner()
+        health.reset()
         process.set_current(self.server_id)
         await db_sync_to_async(process.register)(self.server_id)
         self.background = [
@@ -186,9 +189,11 @@ class RunManager:
 
     async def _execute(self, run_pk: int) -> None:
         try:
+            logs.run_id.set(str(run_pk))
             run = await db_sync_to_async(lifecycle.get_run)(run_pk)
             if run is None or run.state != RunState.DISPATCHING:
                 return
+            logs.run_id.set(run.run_id)
             ctx = await db_sync_to_async(_context_for)(run)
             backend = get_backend(run.session.agent_id)
         except asyncio.CancelledError:
@@ -252,6 +257,8 @@ class RunManager:
         owner = run.session.owner_id
         try:
             async for chunk in stream:
+                if chunk and not text:
+                    metrics.first_token(run.session.agent_id, run.dispatched_at)
                 text += chunk
                 now = time.monotonic()
                 if now - last >= interval:
@@ -309,11 +316,15 @@ class RunManager:
             await asyncio.sleep(settings.GATEWAY_HEARTBEAT_SECONDS)
             try:
                 await db_sync_to_async(process.heartbeat)(self.server_id)
-                await db_sync_to_async(recovery.sweep)(self.server_id)
+                swept = await db_sync_to_async(recovery.sweep)(self.server_id)
                 for pk in await db_sync_to_async(process.unowned_active_runs)():
                     if self.accepting and await db_sync_to_async(lifecycle.claim_run)(pk, self.server_id):
                         self.submit(pk)
-            except Exception:
+                metrics.sweep_done(swept.ended, swept.forgotten)
+                health.ok("sweep")
+            except Exception as exc:
+                metrics.SWEEPS.labels("error").inc()
+                health.failed("sweep", exc)
                 log.exception("heartbeat/recovery sweep failed")
 
     async def _reconcile_loop(self) -> None:
@@ -341,7 +352,9 @@ class RunManager:
                             pk, RunState.FAILED, error_kind="interrupted", reason="run.interrupted",
                             error_message="the run lost its worker in this gateway process",
                         )
-            except Exception:
+                health.ok("reconcile")
+            except Exception as exc:
+                health.failed("reconcile", exc)
                 log.exception("reconcile failed")
 
     async def _repair_loop(self) -> None:
@@ -353,30 +366,43 @@ class RunManager:
             await asyncio.sleep(interval)
             try:
                 await repair.repair(list(self.consumers), self.scanner)
-            except Exception:
+                metrics.REPAIR_PASSES.labels("ok").inc()
+                health.ok("repair")
+            except Exception as exc:
+                metrics.REPAIR_PASSES.labels("error").inc()
+                health.failed("repair", exc)
                 log.exception("repair pass failed")
 
     async def _listen_loop(self) -> None:
+        """Cross-process aborts and hand-offs (`proc.<server_id>`); restarted, and logged, when it fails."""
         layer = get_channel_layer()
         if layer is None:
             return
-        self.channel_name = await layer.new_channel()
-        await layer.group_add(groups.process_group(self.server_id), self.channel_name)
+        delay = 1.0
         while not self.stopping:
             try:
-                message = await layer.receive(self.channel_name)
+                self.channel_name = await layer.new_channel()
+                await layer.group_add(groups.process_group(self.server_id), self.channel_name)
+                health.ok("listener")
+                delay = 1.0
+                while not self.stopping:
+                    message = await layer.receive(self.channel_name)
+                    health.ok("listener")
+                    if message.get("type") == "run.cancel":
+                        self.cancel(int(message["run"]))
+                    elif message.get("type") == "run.submit":
+                        self.submit(int(message["run"]))
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as exc:
                 if self.stopping:
                     return
-                log.exception("process channel receive failed")
-                await asyncio.sleep(1)
-                continue
-            if message.get("type") == "run.cancel":
-                self.cancel(int(message["run"]))
-            elif message.get("type") == "run.submit":
-                self.submit(int(message["run"]))
+                health.failed("listener", exc, restart=True)
+                metrics.channel_layer_failed("listener")
+                metrics.BACKGROUND_RESTARTS.labels("listener").inc()
+                log.exception("process channel listener failed; restarting in %.0fs", delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
 
     # --- shutdown ----------------------------------------------------------------------------------
 

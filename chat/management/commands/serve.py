@@ -18,7 +18,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
-        parser.add_argument("--access-log", default=None, help="path for the access log ('-' for stdout)")
+        parser.add_argument("--access-log", default=None,
+                            help="access log: a file path, or '-' for stdout (formatted like the other logs: "
+                                 "LOG_FORMAT=json gives JSON lines)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         from daphne.endpoints import build_endpoint_description_strings
@@ -27,9 +29,7 @@ class Command(BaseCommand):
 
         from chat.runtime.manager import run_manager
         from gatewayproject.asgi import application
-        from sessions_app import metrics
-
-        metrics.install()  # this process's ack, latency and run-duration metrics (/metrics)
+        from gatewayproject.logs import access_logger
 
         host, port = options["host"], options["port"]
         server = Server(
@@ -37,7 +37,7 @@ class Command(BaseCommand):
             endpoints=build_endpoint_description_strings(host=host, port=port),
             websocket_max_message_size=settings.GATEWAY_MAX_PAYLOAD,
             signal_handlers=False,
-            action_logger=None,
+            action_logger=access_logger(options["access_log"]) if options["access_log"] else None,
             root_path="",
             verbosity=1,
         )
