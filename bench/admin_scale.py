@@ -121,6 +121,11 @@ def main() -> None:
         "run changelist search": f"{runs_url}?q={run.run_id}",
         "run detail": f"{runs_url}{run.pk}/change/",
     }
+    def full_scan(step: str) -> bool:
+        if postgres:
+            return "Seq Scan on sessions_app_run" in step or "Seq Scan on sessions_app_chatsession" in step
+        return step.startswith("SCAN") and "USING" not in step
+
     for name, url in pages.items():
         timings = []
         queries = 0
@@ -131,7 +136,17 @@ def main() -> None:
                 timings.append((time.perf_counter() - started) * 1000)
             assert response.status_code == 200, (url, response.status_code)
             queries = len(captured.captured_queries)
-        report(f"admin {name}", queries=queries, median_ms=round(statistics.median(timings), 1))
+        extra: dict[str, Any] = {}
+        if postgres:
+            # every SELECT the page ran, explained: no sequential scan of runs or sessions
+            scans = []
+            with connection.cursor() as cursor:
+                for query in captured.captured_queries:
+                    if query["sql"].lstrip().upper().startswith("SELECT"):
+                        cursor.execute("EXPLAIN " + query["sql"])
+                        scans += [row[0].strip() for row in cursor.fetchall() if full_scan(row[0])]
+            extra = {"seq_scans": len(scans)}
+        report(f"admin {name}", queries=queries, median_ms=round(statistics.median(timings), 1), **extra)
 
     def plan(qs: Any) -> list[str]:
         sql, params = qs.query.sql_with_params()
@@ -141,11 +156,6 @@ def main() -> None:
                 return [row[0].strip() for row in cursor.fetchall()]
             cursor.execute("EXPLAIN QUERY PLAN " + sql, params)
             return [row[-1] for row in cursor.fetchall()]
-
-    def full_scan(step: str) -> bool:
-        if postgres:
-            return "Seq Scan on sessions_app_run" in step or "Seq Scan on sessions_app_chatsession" in step
-        return step.startswith("SCAN") and "USING" not in step
 
     for name, qs in {
         "stuck filter": ops_selectors.stuck_sessions(),

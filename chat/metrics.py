@@ -138,6 +138,13 @@ def _database_gauges() -> dict[str, tuple[str, float]]:
     }
 
 
+# Exported only on PostgreSQL with the connection pool (DB_POOL, the default there).
+POOL_METRIC_NAMES = (
+    "agentgate_db_pool_size", "agentgate_db_pool_available", "agentgate_db_requests_waiting",
+    "agentgate_db_pool_requests_errors", "agentgate_db_pool_requests_timeouts", "agentgate_db_pool_connections_errors",
+)
+
+
 def _pool_gauges() -> list[GaugeMetricFamily]:
     pool = getattr(connections["default"], "pool", None) if connections["default"].vendor == "postgresql" else None
     if pool is None:
