@@ -25,10 +25,9 @@ from django.conf import settings
 from django.utils import timezone
 
 from chat.db import db_sync_to_async
+from gatewayproject import logs
 from sessions_app.models import TERMINAL_STATES
 from sessions_app.tokens import authenticate_token, hash_token, still_authorized
-
-from gatewayproject import logs
 
 from . import groups, methods, metrics, protocol
 from .protocol import ProtocolError, invalid

@@ -140,8 +140,12 @@ def _database_gauges() -> dict[str, tuple[str, float]]:
 
 # Exported only on PostgreSQL with the connection pool (DB_POOL, the default there).
 POOL_METRIC_NAMES = (
-    "agentgate_db_pool_size", "agentgate_db_pool_available", "agentgate_db_requests_waiting",
-    "agentgate_db_pool_requests_errors", "agentgate_db_pool_requests_timeouts", "agentgate_db_pool_connections_errors",
+    "agentgate_db_pool_size",
+    "agentgate_db_pool_available",
+    "agentgate_db_requests_waiting",
+    "agentgate_db_pool_requests_errors",
+    "agentgate_db_pool_requests_timeouts",
+    "agentgate_db_pool_connections_errors",
 )
 
 

@@ -73,8 +73,19 @@ class JsonFormatter(logging.Formatter):
             **_ids(record),
         }
         for key, value in record.__dict__.items():
-            if key not in _STANDARD and key not in doc and not key.startswith("_") and key not in (
-                "request_id", "conn_id", "run_id", "request", "server_time", "status_code",
+            if (
+                key not in _STANDARD
+                and key not in doc
+                and not key.startswith("_")
+                and key
+                not in (
+                    "request_id",
+                    "conn_id",
+                    "run_id",
+                    "request",
+                    "server_time",
+                    "status_code",
+                )
             ):
                 doc[key] = value if isinstance(value, str | int | float | bool) or value is None else str(value)
         status = getattr(record, "status_code", None)
@@ -138,14 +149,26 @@ class AccessLog:
             took = details.get("time_taken")
             ms = round(float(took) * 1000, 1) if took is not None else None
             self.logger.info(
-                '%s "%s %s" %s %s %sms', client, details.get("method"), path, details.get("status"),
-                details.get("size"), ms,
-                extra={"client": client, "method": details.get("method"), "path": path,
-                       "status": details.get("status"), "size": details.get("size"), "duration_ms": ms},
+                '%s "%s %s" %s %s %sms',
+                client,
+                details.get("method"),
+                path,
+                details.get("status"),
+                details.get("size"),
+                ms,
+                extra={
+                    "client": client,
+                    "method": details.get("method"),
+                    "path": path,
+                    "status": details.get("status"),
+                    "size": details.get("size"),
+                    "duration_ms": ms,
+                },
             )
         elif protocol == "websocket":
-            self.logger.info('%s "WS %s" %s', client, path, action,
-                             extra={"client": client, "path": path, "ws_event": action})
+            self.logger.info(
+                '%s "WS %s" %s', client, path, action, extra={"client": client, "path": path, "ws_event": action}
+            )
 
 
 def access_logger(target: str) -> AccessLog:

@@ -105,7 +105,9 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env.b
 # Seconds to wait for a database connection before calling it down (commands, /readyz, /metrics).
 DB_CONNECT_TIMEOUT_SECONDS = env.float("DB_CONNECT_TIMEOUT_SECONDS", default=3.0)
 if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
-    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", max(1, int(DB_CONNECT_TIMEOUT_SECONDS)))
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
+        "connect_timeout", max(1, int(DB_CONNECT_TIMEOUT_SECONDS))
+    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Channel layer -------------------------------------------------------------

@@ -87,7 +87,7 @@ class PageAnnotatedPaginator(Paginator):
 
     @cached_property
     def count(self) -> int:  # type: ignore[override]
-        number, self.exact = ops_selectors.estimated_count(self.object_list)
+        number, self.exact = ops_selectors.estimated_count(self.object_list)  # type: ignore[arg-type]
         return number
 
     def page(self, number: Any) -> Any:

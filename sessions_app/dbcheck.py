@@ -31,12 +31,12 @@ def probe_database(alias: str = "default", timeout: float | None = None) -> None
             params: dict[str, Any] = {
                 k: v for k, v in conn.get_connection_params().items() if k not in ("context", "cursor_factory")
             }
-            params["connect_timeout"] = max(1, int(round(timeout)))
+            params["connect_timeout"] = max(1, round(timeout))
             with psycopg.connect(**params) as raw:
                 raw.execute("SELECT 1")
         elif vendor == "sqlite":
             name = str(conn.settings_dict["NAME"])
-            if conn.is_in_memory_db():
+            if conn.is_in_memory_db():  # type: ignore[attr-defined]
                 return
             with sqlite3.connect(f"file:{name}?mode=rw", uri=True, timeout=timeout) as raw:
                 raw.execute("SELECT 1")

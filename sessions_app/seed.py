@@ -95,7 +95,8 @@ RUN_COLUMNS = (
 )
 MESSAGE_COLUMNS = ("session", "session_generation", "role", "text", "run", "aborted", "created_at")
 AUDIT_COLUMNS = (
-    "session", "run", "from_state", "to_state", "reason", "actor", "detail", "actor_user_id", "actor_name", "created_at",
+    "session", "run", "from_state", "to_state", "reason", "actor", "detail", "actor_user_id", "actor_name",
+    "created_at",
 )
 
 

@@ -11,7 +11,7 @@ from channels.db import database_sync_to_async
 from django.test import AsyncClient, Client
 from prometheus_client.parser import text_string_to_metric_families
 
-from chat import metrics, ops_views
+from chat import ops_views
 from chat.runtime.manager import run_manager
 from tests import opsdata
 from tests.conftest import open_client
