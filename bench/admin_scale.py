@@ -1,11 +1,19 @@
 """Operator tooling at scale: seed speed, admin query counts and timings, index use.
 
-Usage (from the repository root; the database file is created and migrated):
+Usage (from the repository root; the database is created and migrated):
 
+    # SQLite: a throwaway file, seeded each time (unless --keep)
     .venv/bin/python bench/admin_scale.py --sessions 100000 --runs 1000000 --db /tmp/agentgate-bench.sqlite3
+    # PostgreSQL: a dedicated database, seeded once (with --transcripts, then VACUUM ANALYZE)
+    # and kept; later runs only measure
+    createdb agentgate_scale
+    .venv/bin/python bench/admin_scale.py --sessions 100000 --runs 1000000 \
+        --database-url postgres://postgres@127.0.0.1:5432/agentgate_scale
 
 Prints one line per measurement and, with --json FILE, writes them all to FILE.
-Only a throwaway database is touched; the last step (prune) deletes from it.
+On PostgreSQL each list query's plan is checked for sequential scans of the runs and
+sessions tables. Only with --mutate are recover_runs and prune run (they change data;
+always on a throwaway SQLite file).
 """
 
 from __future__ import annotations
@@ -27,17 +35,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sessions", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=1_000_000)
-    parser.add_argument("--db", required=True, help="SQLite file to create (overwritten)")
+    parser.add_argument("--db", default=None, help="SQLite file to create (overwritten)")
+    parser.add_argument("--database-url", default=None, help="a PostgreSQL database to seed once and keep")
+    parser.add_argument("--mutate", action="store_true", help="also run recover_runs and prune (changes data)")
     parser.add_argument("--repeat", type=int, default=5, help="requests per page (median reported)")
     parser.add_argument("--json", dest="json_out", default=None)
     parser.add_argument("--keep", action="store_true", help="reuse an existing seeded --db instead of seeding")
     args = parser.parse_args()
 
-    db = Path(args.db)
-    if not args.keep:
-        for suffix in ("", "-wal", "-shm"):
-            Path(f"{db}{suffix}").unlink(missing_ok=True)
-    os.environ["DATABASE_URL"] = f"sqlite:///{db}"
+    if bool(args.db) == bool(args.database_url):
+        parser.error("give exactly one of --db and --database-url")
+    if args.db:
+        db = Path(args.db)
+        if not args.keep:
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{db}{suffix}").unlink(missing_ok=True)
+        os.environ["DATABASE_URL"] = f"sqlite:///{db}"
+        mutate = True
+    else:
+        os.environ["DATABASE_URL"] = args.database_url
+        mutate = args.mutate
     os.environ["DJANGO_SETTINGS_MODULE"] = "gatewayproject.settings"
     sys.path.insert(0, str(ROOT))
     import django
@@ -57,12 +74,19 @@ def main() -> None:
         results[name] = values
         print(f"{name:42} " + "  ".join(f"{k}={v}" for k, v in values.items()), flush=True)
 
+    started = time.perf_counter()
     call_command("migrate", verbosity=0)
-    if not args.keep:
+    report("migrate", seconds=round(time.perf_counter() - started, 1))
+    postgres = connection.vendor == "postgresql"
+    if not args.keep and not (postgres and ChatSession.objects.exists()):
         started = time.perf_counter()
-        call_command("seed_demo_data", sessions=args.sessions, runs=args.runs, progress="never", stdout=io.StringIO())
+        call_command("seed_demo_data", sessions=args.sessions, runs=args.runs, progress="never",
+                     transcripts=postgres, stdout=io.StringIO())
         seconds = time.perf_counter() - started
         report("seed_demo_data", seconds=round(seconds, 1), runs_per_s=int(args.runs / seconds) if seconds else 0)
+        if postgres:
+            with connection.cursor() as cursor:
+                cursor.execute("VACUUM ANALYZE")
     report("rows", sessions=ChatSession.objects.count(), runs=Run.objects.count())
 
     setup_test_environment()
@@ -76,20 +100,32 @@ def main() -> None:
     client.force_login(admin_user)
     session = ChatSession.objects.filter(active_run__isnull=False).first() or ChatSession.objects.first()
     run = Run.objects.order_by("-pk").first()
-    assert session is not None and run is not None
+    middle = ChatSession.objects.order_by("pk")[args.sessions // 2 : args.sessions // 2 + 1].first()
+    assert session is not None and run is not None and middle is not None
+    sessions_url, runs_url = "/admin/sessions_app/chatsession/", "/admin/sessions_app/run/"
     pages = {
-        "changelist": "/admin/sessions_app/chatsession/",
-        "changelist ?stuck=yes": "/admin/sessions_app/chatsession/?stuck=yes",
-        "changelist ?failed=24h": "/admin/sessions_app/chatsession/?failed=24h",
-        "changelist ?status=failed": "/admin/sessions_app/chatsession/?status=failed",
-        "changelist deep page": f"/admin/sessions_app/chatsession/?p={max(1, min(500, args.sessions // 50))}",
-        "changelist search runId": f"/admin/sessions_app/chatsession/?q={run.run_id}",
-        "changelist search owner": "/admin/sessions_app/chatsession/?q=seed-user-7",
-        "session detail": f"/admin/sessions_app/chatsession/{session.pk}/change/",
-        "run changelist": "/admin/sessions_app/run/",
-        "run changelist search": f"/admin/sessions_app/run/?q={run.run_id}",
-        "run detail": f"/admin/sessions_app/run/{run.pk}/change/",
+        "changelist": sessions_url,
+        "changelist ?stuck=yes": f"{sessions_url}?stuck=yes",
+        "changelist ?failed=24h": f"{sessions_url}?failed=24h",
+        "changelist ?status=failed": f"{sessions_url}?status=failed",
+        "changelist deep page": f"{sessions_url}?p={max(1, min(1000, args.sessions // 50))}",
+        "changelist sort by last run": f"{sessions_url}?o=-5",
+        "changelist search exact key": f"{sessions_url}?q={middle.key}",
+        "changelist search runId": f"{sessions_url}?q={run.run_id}",
+        "changelist search owner": f"{sessions_url}?q=seed-user-7",
+        "session detail": f"{sessions_url}{session.pk}/change/",
+        "run changelist": runs_url,
+        "run changelist ?error_kind=backend": f"{runs_url}?error_kind=backend",
+        "run changelist ?error_kind=timeout": f"{runs_url}?error_kind=timeout",
+        "run changelist sort by created": f"{runs_url}?o=-6",
+        "run changelist search": f"{runs_url}?q={run.run_id}",
+        "run detail": f"{runs_url}{run.pk}/change/",
     }
+    def full_scan(step: str) -> bool:
+        if postgres:
+            return "Seq Scan on sessions_app_run" in step or "Seq Scan on sessions_app_chatsession" in step
+        return step.startswith("SCAN") and "USING" not in step
+
     for name, url in pages.items():
         timings = []
         queries = 0
@@ -100,11 +136,24 @@ def main() -> None:
                 timings.append((time.perf_counter() - started) * 1000)
             assert response.status_code == 200, (url, response.status_code)
             queries = len(captured.captured_queries)
-        report(f"admin {name}", queries=queries, median_ms=round(statistics.median(timings), 1))
+        extra: dict[str, Any] = {}
+        if postgres:
+            # every SELECT the page ran, explained: no sequential scan of runs or sessions
+            scans = []
+            with connection.cursor() as cursor:
+                for query in captured.captured_queries:
+                    if query["sql"].lstrip().upper().startswith("SELECT"):
+                        cursor.execute("EXPLAIN " + query["sql"])
+                        scans += [row[0].strip() for row in cursor.fetchall() if full_scan(row[0])]
+            extra = {"seq_scans": len(scans)}
+        report(f"admin {name}", queries=queries, median_ms=round(statistics.median(timings), 1), **extra)
 
     def plan(qs: Any) -> list[str]:
         sql, params = qs.query.sql_with_params()
         with connection.cursor() as cursor:
+            if postgres:
+                cursor.execute("EXPLAIN " + sql, params)
+                return [row[0].strip() for row in cursor.fetchall()]
             cursor.execute("EXPLAIN QUERY PLAN " + sql, params)
             return [row[-1] for row in cursor.fetchall()]
 
@@ -114,7 +163,7 @@ def main() -> None:
         "running": ops_selectors.running_sessions(),
     }.items():
         steps = plan(qs)
-        scans = [s for s in steps if s.startswith("SCAN")]
+        scans = [s for s in steps if full_scan(s)]
         started = time.perf_counter()
         count = qs.count()
         report(f"plan {name}", rows=count, ms=round((time.perf_counter() - started) * 1000, 1),
@@ -127,6 +176,10 @@ def main() -> None:
     response = client.get("/metrics")
     report("/metrics scrape", status=response.status_code, ms=round((time.perf_counter() - started) * 1000, 1))
 
+    if not mutate:
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps(results, indent=2))
+        return
     started = time.perf_counter()
     call_command("recover_runs", stdout=io.StringIO())
     report("recover_runs", ms=round((time.perf_counter() - started) * 1000, 1),

@@ -11,8 +11,8 @@ class ChatConfig(AppConfig):
         # Imported here, not at module top: they import models, which Django loads after app configs.
         from sessions_app import signals
 
-        from . import metrics, receivers
+        from . import metrics, receivers  # metrics registers its collectors on import
 
         signals.run_transitioned.connect(receivers.on_run_transitioned, dispatch_uid="chat-run-transitioned")
         signals.session_changed.connect(receivers.on_session_changed, dispatch_uid="chat-session-changed")
-        signals.run_transitioned.connect(metrics.on_run_transitioned, dispatch_uid="chat-metrics-run-end")
+        signals.run_transitioned.connect(metrics.on_run_transition, dispatch_uid="chat-metrics-run-end")

@@ -17,9 +17,10 @@ from typing import Any
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
+from gatewayproject import logs
 from sessions_app.tokens import authenticate_token, hash_token, still_authorized
 
-from . import groups, handshake, methods, protocol, wire
+from . import groups, handshake, methods, metrics, protocol, wire
 from .connection import ConnectionState
 from .db import db_read, db_write
 from .protocol import ProtocolError, invalid
@@ -34,6 +35,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
 
     async def connect(self) -> None:
         self.conn_id = uuid.uuid4().hex
+        logs.conn_id.set(self.conn_id)
         self.state = ConnectionState()
         self.event_seq = 0
         self.token_hash: str | None = None
@@ -46,6 +48,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
 
     async def disconnect(self, code: int) -> None:
         # Channels leaves `self.groups` after this returns.
+        metrics.websocket_closed(code)
         for task in list(self.tasks):
             task.cancel()
         runtime.connections.discard(self)

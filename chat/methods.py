@@ -78,12 +78,9 @@ def lookup(name: str, state: ConnectionState) -> Method:
 
 
 async def dispatch(conn: Conn, name: str, params: dict[str, Any]) -> Reply:
-    """Run the handler of a request (metered where the metrics want it)."""
-    found = lookup(name, conn.state)
-    if name in metrics.METERED:
-        reply: Reply = await metrics.metered(name, found.handler, conn, params)
-        return reply
-    return await found.handler(conn, params)
+    """Run the handler of a request, metered."""
+    reply: Reply = await metrics.call_handler(name, lookup(name, conn.state).handler, conn, params)
+    return reply
 
 
 async def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

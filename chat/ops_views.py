@@ -1,26 +1,32 @@
 """Operator endpoints: liveness, readiness and Prometheus metrics.
 
 /healthz   the process answers HTTP (no dependency checked: a restart would not help them)
-/readyz    the database and the channel layer are reachable, and the process is not draining;
-           503 otherwise, so a load balancer stops sending it new connections
-/metrics   Prometheus text format (sessions_app.metrics)
+/readyz    the database and the channel layer are reachable, this process's background loops
+           (heartbeat + sweep, reconcile, repair, cross-process listener) are healthy, and the
+           process is not draining; 503 otherwise, so a load balancer stops sending it new
+           connections. Every check has its own deadline, so the answer comes within ~2.5 s
+           even when a dependency hangs.
+/metrics   Prometheus text format (chat.metrics)
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import time
 import uuid
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
+from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
+from .metrics import channel_layer_failed
+from .runtime import health
 from .runtime.gateway import runtime
 
 READY_TIMEOUT_SECONDS = 2.0
@@ -33,10 +39,22 @@ def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"ok": True})
 
 
-def _check_database() -> None:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT 1")
-        cursor.fetchone()
+# Its own threads: a check stuck on a dead database must not hold the ORM's workers, and
+# a probe that times out is abandoned (its thread finishes on its own) instead of awaited.
+_probe_pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="agentgate-readyz")
+
+
+def _check_database_sync() -> None:
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+    finally:
+        connection.close()  # back to the pool
+
+
+async def _check_database() -> None:
+    await asyncio.wrap_future(_probe_pool.submit(_check_database_sync))
 
 
 async def _check_channel_layer() -> None:
@@ -46,10 +64,24 @@ async def _check_channel_layer() -> None:
         raise RuntimeError("no channel layer configured")
     channel = await layer.new_channel()
     token = uuid.uuid4().hex
-    await layer.send(channel, {"type": "readyz.ping", "token": token})
-    message = await layer.receive(channel)
+    group = f"readyz.{token[:12]}"
+    # What a connecting client needs: join a group, get a group message, leave.
+    await layer.group_add(group, channel)
+    try:
+        await layer.group_send(group, {"type": "readyz.ping", "token": token})
+        message = await layer.receive(channel)
+    finally:
+        await layer.group_discard(group, channel)
     if message.get("token") != token:
         raise RuntimeError("channel layer returned another message")
+
+
+def _loop_limits() -> dict[str, float]:
+    """How long each background loop may go without a success before the process is unready."""
+    beat = float(settings.GATEWAY_HEARTBEAT_SECONDS)
+    repair = float(settings.GATEWAY_REPAIR_SECONDS)
+    return {"sweep": max(30.0, beat * 6), "reconcile": max(30.0, repair * 6), "repair": max(30.0, repair * 6),
+            "listener": 0.0}
 
 
 async def _timed(check: Any) -> tuple[bool, str, float]:
@@ -59,23 +91,28 @@ async def _timed(check: Any) -> tuple[bool, str, float]:
     except TimeoutError:
         return False, f"timed out after {READY_TIMEOUT_SECONDS}s", time.perf_counter() - started
     except Exception as exc:  # the reason goes to the operator, not a stack trace
-        return False, f"{type(exc).__name__}: {exc}"[:300], time.perf_counter() - started
+        return False, f"{type(exc).__name__}: {exc}".splitlines()[0][:300], time.perf_counter() - started
     return True, "ok", time.perf_counter() - started
 
 
 @never_cache
 @require_GET
 async def readyz(request: HttpRequest) -> JsonResponse:
-    """Database and channel layer reachable (503 otherwise, or while the process drains)."""
-    db_ok, db_msg, db_s = await _timed(sync_to_async(_check_database))
-    layer_ok, layer_msg, layer_s = await _timed(_check_channel_layer)
+    """Database, channel layer and background loops healthy (503 otherwise, or while the process drains)."""
+    (db_ok, db_msg, db_s), (layer_ok, layer_msg, layer_s) = await asyncio.gather(
+        _timed(_check_database), _timed(_check_channel_layer)
+    )
+    if not layer_ok:
+        channel_layer_failed("readyz")
     draining = not runtime.accepting
+    loop_problems = health.problems(_loop_limits()) if runtime.running else {}
     checks = {
         "database": {"ok": db_ok, "detail": db_msg, "ms": round(db_s * 1000, 1)},
         "channelLayer": {"ok": layer_ok, "detail": layer_msg, "ms": round(layer_s * 1000, 1)},
+        "backgroundLoops": {"ok": not loop_problems, "detail": loop_problems or "ok"},
         "accepting": {"ok": not draining, "detail": "draining for shutdown" if draining else "ok"},
     }
-    ok = db_ok and layer_ok and not draining
+    ok = db_ok and layer_ok and not loop_problems and not draining
     return JsonResponse({"ok": ok, "checks": checks}, status=200 if ok else 503)
 
 

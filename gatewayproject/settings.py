@@ -43,17 +43,20 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "django.contrib.postgres",  # trigram search indexes (PostgreSQL; harmless on SQLite)
     "channels",
     "sessions_app.apps.SessionsAppConfig",
     "chat.apps.ChatConfig",
 ]
 
 MIDDLEWARE = [
+    "gatewayproject.logs.RequestIdMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "sessions_app.audit.OperatorMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -101,6 +104,12 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env.b
         "timeout": env.float("DB_POOL_TIMEOUT_SECONDS", default=30.0),
     }
     DATABASES["default"]["CONN_MAX_AGE"] = 0
+# Seconds to wait for a database connection before calling it down (commands, /readyz, /metrics).
+DB_CONNECT_TIMEOUT_SECONDS = env.float("DB_CONNECT_TIMEOUT_SECONDS", default=3.0)
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
+        "connect_timeout", max(1, int(DB_CONNECT_TIMEOUT_SECONDS))
+    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Channel layer -------------------------------------------------------------
@@ -140,14 +149,34 @@ STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = BASE_DIR / "staticfiles"
 
+# --- Logging ----------------------------------------------------------------------
+# LOG_FORMAT=json: one JSON object per line. Either way every line carries the request,
+# connection and run ids of the code that logged it (gatewayproject.logs), and an
+# unhandled 500 is logged with its traceback on `django.request` (no ADMINS needed).
+LOG_FORMAT = env.str("LOG_FORMAT", default="plain")
+LOG_LEVEL = env.str("GATEWAY_LOG_LEVEL", default="INFO")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"context": {"()": "gatewayproject.logs.ContextFilter"}},
+    "formatters": {
+        "plain": {"()": "gatewayproject.logs.PlainFormatter"},
+        "json": {"()": "gatewayproject.logs.JsonFormatter"},
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "json" if LOG_FORMAT == "json" else "plain",
+            "filters": ["context"],
+        },
+    },
     "loggers": {
-        "chat": {"handlers": ["console"], "level": env.str("GATEWAY_LOG_LEVEL", default="INFO")},
-        "sessions_app": {"handlers": ["console"], "level": env.str("GATEWAY_LOG_LEVEL", default="INFO")},
+        "chat": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False},
+        "sessions_app": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False},
+        "gatewayproject": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False},
+        # 500s (with traceback) and other request errors; Django's default sends them only to ADMINS
+        "django": {"handlers": ["console"], "level": "WARNING", "propagate": False},
+        "daphne": {"handlers": ["console"], "level": "WARNING", "propagate": False},
     },
 }
 
@@ -171,6 +200,12 @@ GATEWAY_DELTA_INTERVAL_MS = env.int("GATEWAY_DELTA_INTERVAL_MS", default=50)
 GATEWAY_SHUTDOWN_DRAIN_SECONDS = env.float("GATEWAY_SHUTDOWN_DRAIN_SECONDS", default=5.0)
 GATEWAY_STUCK_RUN_SECONDS = env.int("GATEWAY_STUCK_RUN_SECONDS", default=3600)
 GATEWAY_DB_THREADS = env.int("GATEWAY_DB_THREADS", default=8)
+# Admin bulk actions act on at most this many rows per request (the commands handle more).
+GATEWAY_ADMIN_BULK_LIMIT = env.int("GATEWAY_ADMIN_BULK_LIMIT", default=200)
+# The sweep deletes rows of processes that stopped (or last heartbeated) this long ago.
+GATEWAY_PROCESS_RETENTION_HOURS = env.float("GATEWAY_PROCESS_RETENTION_HOURS", default=24.0)
+# `prune_sessions --older-than-days` below this needs --force.
+GATEWAY_PRUNE_MIN_DAYS = env.float("GATEWAY_PRUNE_MIN_DAYS", default=7.0)
 GATEWAY_MAX_HELD_ACKS = env.int("GATEWAY_MAX_HELD_ACKS", default=16)
 
 # Agent table: id -> {backend, model, ...}. GATEWAY_AGENTS is JSON and is merged

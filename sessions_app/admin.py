@@ -18,16 +18,18 @@ from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.admin.actions import delete_selected as django_delete_selected
 from django.contrib.admin.views.main import ChangeList
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
-from django.db.models import BooleanField, Exists, ExpressionWrapper, F, OuterRef, Q, QuerySet
+from django.db.models import F, Q, QuerySet
 from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.text import Truncator
 
@@ -72,15 +74,23 @@ def _duration(start: datetime | None, end: datetime | None) -> str:
 
 
 class PageAnnotatedPaginator(Paginator):
-    """Counts on the plain queryset, annotates only the rows of the page it returns.
+    """Counts cheaply, then fetches a page as ids first and annotates only those rows.
 
-    Annotations that reach into related tables add joins, and a COUNT over 100 000
-    rows with those joins takes seconds; the page itself is a few dozen rows.
+    Annotations that reach into related tables add joins; applied before LIMIT/OFFSET
+    they make the database join every row of a 1M-row table to return 50. The page's
+    ids come from the plain, index-ordered query; the annotated query reads just them.
+    Large counts are the planner's estimate on PostgreSQL (`ops_selectors.estimated_count`).
     """
 
-    def __init__(self, object_list: Any, per_page: int, annotate: Callable[[Any], Any], **kwargs: Any) -> None:
+    def __init__(self, object_list: Any, per_page: int, rows: Callable[[Any], list[Any]], **kwargs: Any) -> None:
         super().__init__(object_list, per_page, **kwargs)
-        self.annotate = annotate
+        self.rows = rows
+        self.exact = True
+
+    @cached_property
+    def count(self) -> int:  # type: ignore[override]
+        number, self.exact = ops_selectors.estimated_count(self.object_list)  # type: ignore[arg-type]
+        return number
 
     def page(self, number: Any) -> Any:
         number = self.validate_number(number)
@@ -88,23 +98,38 @@ class PageAnnotatedPaginator(Paginator):
         top = bottom + self.per_page
         if top + self.orphans >= self.count:
             top = self.count
-        return self._get_page(self.annotate(self.object_list)[bottom:top], number, self)  # type: ignore[attr-defined]
+        return self._get_page(self.rows(self.object_list[bottom:top]), number, self)  # type: ignore[attr-defined]
 
 
 class RowAnnotatedChangeList(ChangeList):
-    """A result list that fits on one page skips the paginator: annotate it here."""
+    """A result list that fits on one page skips the paginator: fetch its rows the same way."""
 
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
-        if isinstance(self.result_list, QuerySet) and not self.result_list.query.is_sliced:
-            self.result_list = self.model_admin.annotate_rows(self.result_list, request)  # type: ignore[attr-defined]
+        if isinstance(self.result_list, QuerySet):
+            self.result_list = self.model_admin.page_rows(self.result_list, request)  # type: ignore[attr-defined]
 
 
 class RowAnnotationsMixin:
-    """ModelAdmin helper: `annotate_rows(qs, request)` applies to listed rows and the object page only."""
+    """ModelAdmin helper: `annotate_rows(qs, request)` (joins) and `decorate_rows(rows, request)` (set-based
+    lookups, one query each) apply to the listed rows and the object page only."""
 
     def annotate_rows(self, queryset: QuerySet[Any], request: HttpRequest) -> QuerySet[Any]:
         return queryset
+
+    def decorate_rows(self, rows: list[Any], request: HttpRequest) -> None:
+        return None
+
+    def page_rows(self, queryset: QuerySet[Any], request: HttpRequest) -> list[Any]:
+        """The rows of one page, in the page's order: ids first, then the annotated rows of just those ids."""
+        ids = list(queryset.values_list("pk", flat=True))
+        if not ids:
+            return []
+        model = queryset.model
+        by_pk = {obj.pk: obj for obj in self.annotate_rows(model._default_manager.filter(pk__in=ids), request)}
+        rows = [by_pk[pk] for pk in ids if pk in by_pk]
+        self.decorate_rows(rows, request)
+        return rows
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return RowAnnotatedChangeList
@@ -112,7 +137,7 @@ class RowAnnotationsMixin:
     def get_paginator(self, request: HttpRequest, queryset: Any, per_page: int, orphans: int = 0,
                       allow_empty_first_page: bool = True) -> Paginator:
         return PageAnnotatedPaginator(
-            queryset, per_page, lambda qs: self.annotate_rows(qs, request), orphans=orphans,
+            queryset, per_page, lambda qs: self.page_rows(qs, request), orphans=orphans,
             allow_empty_first_page=allow_empty_first_page,
         )
 
@@ -121,9 +146,30 @@ class RowAnnotationsMixin:
         model = queryset.model
         field = model._meta.pk if from_field is None else model._meta.get_field(from_field)
         try:
-            return queryset.get(**{field.name: field.to_python(object_id)})
+            obj = queryset.get(**{field.name: field.to_python(object_id)})
         except (model.DoesNotExist, ValidationError, ValueError):
             return None
+        self.decorate_rows([obj], request)
+        return obj
+
+
+def _bulk_limit() -> int:
+    return int(settings.GATEWAY_ADMIN_BULK_LIMIT)
+
+
+def _too_many(model_admin: admin.ModelAdmin[Any], request: HttpRequest, queryset: QuerySet[Any], hint: str) -> bool:
+    """Bulk actions act on at most GATEWAY_ADMIN_BULK_LIMIT rows per request; more is a command's job."""
+    limit = _bulk_limit()
+    selected = len(queryset.order_by().values_list("pk", flat=True)[: limit + 1])
+    if selected <= limit:
+        return False
+    model_admin.message_user(
+        request,
+        f"More than {limit} rows selected: the admin acts on at most {limit} at a time (one request must not "
+        f"run for minutes). Narrow the selection, or {hint}",
+        messages.ERROR,
+    )
+    return True
 
 
 def _live_ids(request: HttpRequest) -> set[str]:
@@ -150,7 +196,7 @@ class StuckFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if self.value() == "yes":
-            return queryset.filter(pk__in=ops_selectors.stuck_sessions(_live_ids(request)).values("pk"))
+            return queryset.filter(pk__in=ops_selectors.stuck_session_ids_query(_live_ids(request)))
         return queryset
 
 
@@ -252,9 +298,10 @@ class ChatSessionAdmin(RowAnnotationsMixin, admin.ModelAdmin):
     list_display_links = ("key",)
     list_filter = (StatusFilter, StuckFilter, FailedRecentlyFilter)
     search_fields = ("key", "label", "owner__username")
-    search_help_text = "Session key or label (contains), owner username, or an exact runId."
+    search_help_text = "Session key or label (contains), owner username (contains), or an exact runId."
     ordering = ("-updated_at",)
     list_per_page = 50
+    show_full_result_count = False  # a second COUNT of every session on each filtered page buys nothing
     inlines = (RunInline,)
     actions = ("abort_runs", "mark_failed", "reset_sessions", "delete_selected")
     fieldsets = (
@@ -272,38 +319,44 @@ class ChatSessionAdmin(RowAnnotationsMixin, admin.ModelAdmin):
     )
 
     def annotate_rows(self, queryset: QuerySet[Any], request: HttpRequest) -> QuerySet[Any]:
-        queued = Run.objects.filter(session_id=OuterRef("pk"), state=RunState.QUEUED)
-        live = sorted(_live_ids(request))
-        behind_nothing = Q(active_run__owner_process__in=live) if live else Q(pk__in=[])
-        # The same rule as ops_selectors.stuck_sessions, evaluated per row of the page.
-        too_long = Q(active_run__dispatched_at__lt=ops_selectors.stuck_cutoff())
-        ended_slot = ~Q(active_run__state__in=ACTIVE_STATES)
-        stuck = (Q(active_run__isnull=False) & (~behind_nothing | too_long | ended_slot)) | (
-            Q(active_run__isnull=True) & (Q(status=SessionStatus.RUNNING) | Q(Exists(queued)))
+        return queryset.select_related("owner").annotate(
+            owner_username=F("owner__username"),
+            last_run_run_id=F("last_run__run_id"),
+            active_run_run_id=F("active_run__run_id"),
+            active_owner=F("active_run__owner_process"),
+            active_since=F("active_run__dispatched_at"),
         )
-        return (
-            queryset.select_related("owner")
-            .annotate(
-                owner_username=F("owner__username"),
-                last_run_run_id=F("last_run__run_id"),
-                active_run_run_id=F("active_run__run_id"),
-                active_owner=F("active_run__owner_process"),
-                active_since=F("active_run__dispatched_at"),
-                has_queued=Exists(queued),
-                is_stuck=ExpressionWrapper(stuck, output_field=BooleanField()),
-            )
+
+    def decorate_rows(self, rows: list[Any], request: HttpRequest) -> None:
+        """The stuck badge uses THE stuck definition (ops_selectors), for just these rows: one query."""
+        ids = [row.pk for row in rows]
+        stuck = ops_selectors.stuck_session_ids(_live_ids(request), among=ids)
+        queued = set(
+            Run.objects.filter(session_id__in=ids, state=RunState.QUEUED).values_list("session_id", flat=True)
         )
+        for row in rows:
+            row.is_stuck = row.pk in stuck
+            row.has_queued = row.pk in queued
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[ChatSession], search_term: str
     ) -> tuple[QuerySet[ChatSession], bool]:
-        results, may_have_duplicates = super().get_search_results(request, queryset, search_term)
         term = search_term.strip()
-        if term and " " not in term:
+        if not term:
+            return queryset, False
+        # A UNION of ids, one indexed branch each (trigram GIN on key and label on PostgreSQL,
+        # the run_id index, the users table), instead of an OR of LIKEs across a join.
+        owners = get_user_model().objects.filter(username__icontains=term).values("pk")
+        branches: list[QuerySet[Any]] = [
+            ChatSession.objects.filter(key__icontains=term).values("pk"),
+            ChatSession.objects.filter(label__icontains=term).values("pk"),
+            ChatSession.objects.filter(owner__in=owners).values("pk"),
+        ]
+        if " " not in term:
             # runId: exact, through its own index (a LIKE over a million runs would scan them all).
-            by_run = queryset.filter(pk__in=Run.objects.filter(run_id=term).values("session_id"))
-            results = results | by_run
-        return results, may_have_duplicates
+            branches.append(Run.objects.filter(run_id=term).values("session_id"))
+        first, *rest = branches
+        return queryset.filter(pk__in=first.union(*rest)), False
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         counts = ops_selectors.counts(_live_ids(request))
@@ -341,7 +394,7 @@ class ChatSessionAdmin(RowAnnotationsMixin, admin.ModelAdmin):
 
     # -- columns ------------------------------------------------------------------------------------
 
-    @admin.display(description="owner", ordering="owner__username")
+    @admin.display(description="owner", ordering="owner")  # by owner id: the (owner, key) index
     def owner_name(self, obj: Any) -> str:
         return str(obj.owner_username)
 
@@ -354,7 +407,7 @@ class ChatSessionAdmin(RowAnnotationsMixin, admin.ModelAdmin):
             return f"{status} (+queued)"
         return status
 
-    @admin.display(description="last run", ordering="last_run__run_id")
+    @admin.display(description="last run", ordering="last_run")  # by run id: the last_run index, no join
     def last_run_key(self, obj: Any) -> str:
         return obj.last_run_run_id or "-"
 
@@ -459,8 +512,18 @@ class ChatSessionAdmin(RowAnnotationsMixin, admin.ModelAdmin):
         perms_needed = set() if self.has_delete_permission(request) else {"chat session"}
         return shown, counts, perms_needed, []
 
+    @admin.action(description="Delete selected chat sessions", permissions=["delete"])
+    def delete_selected(self, request: HttpRequest, queryset: QuerySet[ChatSession]) -> HttpResponse | None:
+        """Django's delete confirmation, for at most GATEWAY_ADMIN_BULK_LIMIT sessions at a time."""
+        if _too_many(self, request, queryset, "delete idle sessions with `manage.py prune_sessions`."):
+            return None
+        return django_delete_selected(self, request, queryset)
+
     @admin.action(description="Abort active and queued runs", permissions=["change"])
     def abort_runs(self, request: HttpRequest, queryset: QuerySet[ChatSession]) -> HttpResponse | None:
+        if _too_many(self, request, queryset, "end dead-process runs with `manage.py recover_runs` and repair "
+                     "the rest with `manage.py gateway_doctor --fix`."):
+            return None
         busy = queryset.filter(
             Q(active_run__isnull=False) | Q(pk__in=Run.objects.filter(state=RunState.QUEUED).values("session_id"))
         )
@@ -479,6 +542,8 @@ class ChatSessionAdmin(RowAnnotationsMixin, admin.ModelAdmin):
 
     @admin.action(description="Mark the active run failed…", permissions=["change"])
     def mark_failed(self, request: HttpRequest, queryset: QuerySet[ChatSession]) -> HttpResponse | None:
+        if _too_many(self, request, queryset, "repair stuck sessions with `manage.py gateway_doctor --fix`."):
+            return None
         form = MarkFailedForm(request.POST if "apply" in request.POST else None)
         if form.is_bound and form.is_valid():
             reason = f"{form.cleaned_data['reason']} (by {request.user.get_username()})"
@@ -509,6 +574,8 @@ class ChatSessionAdmin(RowAnnotationsMixin, admin.ModelAdmin):
 
     @admin.action(description="Reset (abort runs, new sessionId)", permissions=["change"])
     def reset_sessions(self, request: HttpRequest, queryset: QuerySet[ChatSession]) -> HttpResponse | None:
+        if _too_many(self, request, queryset, "delete idle sessions with `manage.py prune_sessions`."):
+            return None
         count = 0
         for session in queryset.only("pk", "key"):
             _session, killed = session_services.reset_session(pk=session.pk, actor=Actor.OPERATOR)
@@ -609,6 +676,8 @@ class RunAdmin(RowAnnotationsMixin, admin.ModelAdmin):
 
     @admin.action(description="Abort selected runs (queued or active)", permissions=["change"])
     def abort_selected(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
+        if _too_many(self, request, queryset, "end dead-process runs with `manage.py recover_runs`."):
+            return
         aborted: list[str] = []
         for run in self.annotate_rows(queryset, request).filter(state__in=(RunState.QUEUED, *ACTIVE_STATES)):
             outcome = session_services.abort(

@@ -3,7 +3,8 @@
 `check()` reads; `fix()` repairs each finding through the lifecycle service, so every
 repair writes its audit row and reaches connected clients like any other change.
 The checks are driven by the open runs (few) and three indexed session queries,
-so they cost the same with a million finished runs as with none.
+so they cost the same with a million finished runs as with none. Every session the
+admin shows as stuck (`ops_selectors.stuck_session_ids_query`) has a finding here.
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ from .recovery import INTERRUPTED_MESSAGE
 # kind -> what it means (shown by `gateway_doctor --list-checks` and in docs/operators.md)
 CHECKS: dict[str, str] = {
     "dead_process_run": "an active run is owned by a process that stopped heartbeating",
+    "unclaimed_run": "an active run has no owner process and no live process claimed it (within "
+                     "GATEWAY_RECOVERY_SECONDS, or none is running)",
     "overdue_run": "an active run outlived its own timeoutMs (plus GATEWAY_RECOVERY_SECONDS)",
+    "long_running_run": "an active run has been running longer than GATEWAY_STUCK_RUN_SECONDS (within its budget)",
     "stale_generation_run": "a queued or active run belongs to an older sessionId than the session's",
     "stray_active_run": "an active run is not its session's active run (at most one per session)",
     "active_run_not_active": "the session's active run has already ended or never started",
@@ -74,6 +78,7 @@ def check(*, now: Any = None) -> list[Finding]:
     now = now or timezone.now()
     live = live_process_ids()
     grace = timedelta(seconds=settings.GATEWAY_RECOVERY_SECONDS)
+    stuck_before = now - timedelta(seconds=settings.GATEWAY_STUCK_RUN_SECONDS)
     findings: list[Finding] = []
     queued_sessions: dict[int, dict[str, Any]] = {}
     active_sessions: set[int] = set()
@@ -96,10 +101,19 @@ def check(*, now: Any = None) -> list[Finding]:
             findings.append(Finding("dead_process_run", detail=f"owner process {owner} is not alive", **base))
             continue
         started = run["dispatched_at"]
+        if not owner and (not live or started is None or started < now - grace):
+            detail = "no owner process; " + ("no live process claimed it" if live else "no live process to claim it")
+            findings.append(Finding("unclaimed_run", detail=detail, **base))
+            continue
         if started is not None and started + timedelta(milliseconds=run["timeout_ms"]) + grace < now:
             age = int((now - started).total_seconds())
             findings.append(Finding("overdue_run", detail=f"active for {age}s, budget {run['timeout_ms']} ms",
                                     **base))
+            continue
+        if started is not None and started < stuck_before:
+            age = int((now - started).total_seconds())
+            findings.append(Finding("long_running_run", detail=f"active for {age}s (stuck threshold "
+                                    f"{settings.GATEWAY_STUCK_RUN_SECONDS}s)", **base))
             continue
         if run["session__active_run_id"] != run["pk"]:
             findings.append(Finding("stray_active_run", detail="not the session's active run", **base))
@@ -148,6 +162,10 @@ def _repair_row(finding: Finding) -> bool:
 
 FIXERS: dict[str, tuple[str, Callable[[Finding], bool]]] = {
     "dead_process_run": ("end the run as failed (interrupted)", lambda f: _interrupt(f)),
+    "unclaimed_run": ("end the run as failed (interrupted)", lambda f: _interrupt(f)),
+    "long_running_run": ("end the run as timeout", lambda f: _end_run(
+        f, RunState.TIMEOUT, error_kind="timeout", stop_reason="timeout", reason="run.timeout",
+        error_message="run exceeded GATEWAY_STUCK_RUN_SECONDS; ended by gateway_doctor", actor=Actor.OPERATOR)),
     "overdue_run": ("end the run as timeout", lambda f: _end_run(
         f, RunState.TIMEOUT, error_kind="timeout", stop_reason="timeout", reason="run.timeout",
         error_message="run outlived its budget; ended by gateway_doctor", actor=Actor.OPERATOR)),

@@ -61,11 +61,13 @@ class ChatSession(models.Model):
     last_run_error = models.TextField(blank=True, default="")
     version = models.BigIntegerField(default=1)
     created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True, db_index=True)
+    updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["owner", "key"], name="uniq_session_owner_key")]
         indexes = [
+            # the admin's default order (-updated_at, -id, deep pages included) and retention's age test
+            models.Index(fields=["updated_at", "id"], name="session_updated_id"),
             models.Index(fields=["owner", "-updated_at"], name="session_owner_updated"),
             models.Index(fields=["status", "updated_at"], name="session_status_updated"),
             # operators' "failed in the last 24 h" filter and count
@@ -113,6 +115,9 @@ class Run(models.Model):
             models.Index(fields=["state", "owner_process"], name="run_state_owner"),
             # operators search by runId across sessions (the unique key starts with session)
             models.Index(fields=["run_id"], name="run_run_id"),
+            # the runs admin: by error kind (newest first) and sorted by creation
+            models.Index(fields=["error_kind", "id"], name="run_error_kind_id"),
+            models.Index(fields=["created_at", "id"], name="run_created_id"),
         ]
 
     def __str__(self) -> str:
@@ -151,6 +156,10 @@ class LifecycleEvent(models.Model):
     reason = models.CharField(max_length=64)
     actor = models.CharField(max_length=16, choices=Actor.choices)
     detail = models.TextField(blank=True, default="")
+    # Which operator acted (actor `operator`): the user's id and name at the time.
+    # Not a foreign key, so the record outlives the user account.
+    actor_user_id = models.IntegerField(null=True, blank=True)
+    actor_name = models.CharField(max_length=150, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     class Meta:
@@ -158,6 +167,30 @@ class LifecycleEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.from_state or '-'} -> {self.to_state or '-'} ({self.reason})"
+
+
+class SessionTombstone(models.Model):
+    """What is left of a deleted or pruned session: who, what, when, and who deleted it.
+
+    The session's own audit rows go with it; this row stays (and is also logged on
+    `sessions_app.audit`), so "where did my conversation go" always has an answer.
+    """
+
+    session_pk = models.BigIntegerField()
+    key = models.CharField(max_length=220)
+    owner_id = models.IntegerField(null=True, blank=True)
+    session_id = models.UUIDField(null=True, blank=True)
+    reason = models.CharField(max_length=16)  # delete | prune
+    actor_name = models.CharField(max_length=150, blank=True, default="")
+    actor_user_id = models.IntegerField(null=True, blank=True)
+    last_updated_at = models.DateTimeField(null=True, blank=True)
+    deleted_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["key"], name="tombstone_key")]
+
+    def __str__(self) -> str:
+        return f"{self.key} ({self.reason})"
 
 
 class ApiToken(models.Model):

@@ -1,13 +1,24 @@
-"""The audit trail: one row per lifecycle change, written in the change's own transaction."""
+"""The audit trail: one row per lifecycle change, written in the change's own transaction,
+and a tombstone for every deleted session."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.db.models.signals import post_delete
 from django.dispatch import receiver
 
-from .models import TERMINAL_STATES, ChatSession, LifecycleEvent, Run
+from . import audit
+from .models import TERMINAL_STATES, Actor, ChatSession, LifecycleEvent, Run, SessionTombstone
 from .signals import run_transitioned, session_changed
+
+
+def _who(actor: str) -> dict[str, Any]:
+    """The operator behind an `operator` action (admin user or command), for the audit row."""
+    operator = audit.current_operator()
+    if operator is None or actor != Actor.OPERATOR:
+        return {}
+    return {"actor_user_id": operator.user_id, "actor_name": operator.name[:150]}
 
 
 @receiver(run_transitioned, dispatch_uid="sessions_app-audit-run")
@@ -17,7 +28,7 @@ def record_run_transition(
 ) -> None:
     LifecycleEvent.objects.create(
         session=session, run=run, from_state=from_state, to_state=to_state, reason=reason, actor=actor,
-        detail=run.error_message if to_state in TERMINAL_STATES else "",
+        detail=run.error_message if to_state in TERMINAL_STATES else "", **_who(actor),
     )
 
 
@@ -25,5 +36,21 @@ def record_run_transition(
 def record_session_change(
     sender: Any, session: ChatSession, reason: str, actor: str, deleted: bool = False, **kwargs: Any
 ) -> None:
-    if not deleted:  # a deleted session's audit goes with it
-        LifecycleEvent.objects.create(session=session, reason=reason, actor=actor)
+    if not deleted:  # a deleted session's audit goes with it; its tombstone stays
+        LifecycleEvent.objects.create(session=session, reason=reason, actor=actor, **_who(actor))
+
+
+@receiver(post_delete, sender=ChatSession, dispatch_uid="sessions_app-tombstone")
+def record_tombstone(sender: Any, instance: ChatSession, **kwargs: Any) -> None:
+    """Every deleted session (sessions.delete, admin, prune) leaves a tombstone and a log line."""
+    operator = audit.current_operator()
+    reason = audit.deletion_reason()
+    SessionTombstone.objects.create(
+        session_pk=instance.pk, key=instance.key, owner_id=instance.owner_id, session_id=instance.session_id,
+        reason=reason, actor_name=(operator.name if operator else "")[:150],
+        actor_user_id=operator.user_id if operator else None, last_updated_at=instance.updated_at,
+    )
+    audit.log.info(
+        "session %s deleted (%s) key=%s owner=%s by=%s", instance.pk, reason, instance.key, instance.owner_id,
+        operator.name if operator else "-",
+    )

@@ -11,10 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
+from django.db.models import Exists, OuterRef
+from django.utils import timezone
+
 from .lifecycle import runs
-from .models import ACTIVE_STATES, Actor, Run
+from .models import ACTIVE_STATES, Actor, GatewayProcess, Run
 from .process import live_process_ids
 
 INTERRUPTED_MESSAGE = "the gateway process running this run stopped; the run was interrupted"
@@ -79,6 +84,21 @@ def recover(
     return result
 
 
-def sweep(self_id: str) -> RecoverResult:
+def forget_dead_processes(now: datetime | None = None) -> int:
+    """Delete rows of processes dead for GATEWAY_PROCESS_RETENTION_HOURS that own no active run."""
+    cutoff = (now or timezone.now()) - timedelta(hours=settings.GATEWAY_PROCESS_RETENTION_HOURS)
+    busy = Run.objects.filter(state__in=ACTIVE_STATES, owner_process=OuterRef("server_id"))
+    old = GatewayProcess.objects.filter(heartbeat_at__lt=cutoff).exclude(Exists(busy))
+    return int(old.delete()[0])
+
+
+@dataclass
+class SweepResult:
+    ended: int
+    forgotten: int
+
+
+def sweep(self_id: str) -> SweepResult:
     """The periodic sweep of a live server process (never ends its own runs)."""
-    return recover(exclude=self_id)
+    result = recover(exclude=self_id)
+    return SweepResult(ended=result.ended, forgotten=forget_dead_processes())

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 
+from . import audit
 from .lifecycle.retention import prune_idle_sessions
 from .models import OPEN_STATES, ChatSession, LifecycleEvent, Message, Run, SessionStatus
 
@@ -72,6 +73,7 @@ def prune_sessions(
     """Delete sessions idle for `older_than_days` with their runs, messages and audit rows.
 
     `progress(n)` is called with the number of candidate sessions handled per batch.
+    Every deleted session leaves a `SessionTombstone` (reason `prune`) and a log line.
     """
     if older_than_days < 0:
         raise ValueError("older_than_days must be >= 0")
@@ -90,7 +92,8 @@ def prune_sessions(
                     ChatSession.objects.filter(pk__in=pks[: 10 - len(result.keys)]).values_list("key", flat=True)
                 )
         else:
-            batch = prune_idle_sessions(pks, idle_before=cutoff, broadcast=broadcast)
+            with audit.deleting_because("prune"):
+                batch = prune_idle_sessions(pks, idle_before=cutoff, broadcast=broadcast)
             result.sessions += batch.sessions
             result.runs += batch.runs
             result.messages += batch.messages

@@ -94,7 +94,10 @@ RUN_COLUMNS = (
     "owner_process", "created_by", "created_at", "dispatched_at", "started_at", "ended_at",
 )
 MESSAGE_COLUMNS = ("session", "session_generation", "role", "text", "run", "aborted", "created_at")
-AUDIT_COLUMNS = ("session", "run", "from_state", "to_state", "reason", "actor", "detail", "created_at")
+AUDIT_COLUMNS = (
+    "session", "run", "from_state", "to_state", "reason", "actor", "detail", "actor_user_id", "actor_name",
+    "created_at",
+)
 
 
 def _ensure_users(count: int) -> list[int]:
@@ -213,7 +216,8 @@ def seed_demo_data(
                                        "aborted": state != RunState.DONE, "created_at": ended})
                     a_rows.append({"session": session_pk, "run": run_pk, "from_state": "running",
                                    "to_state": state, "reason": "seed", "actor": "system",
-                                   "detail": row["error_message"], "created_at": ended or started})
+                                   "detail": row["error_message"], "actor_user_id": None, "actor_name": "",
+                                   "created_at": ended or started})
                 last = row
                 run_pk += 1
             if last is None:

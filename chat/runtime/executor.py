@@ -18,11 +18,12 @@ from typing import Any
 
 from django.conf import settings
 
+from gatewayproject import logs
 from sessions_app import selectors
 from sessions_app.lifecycle import runs
 from sessions_app.models import Run, RunState
 
-from .. import wire
+from .. import metrics, wire
 from ..db import db_read, db_write
 from ..delivery import broadcaster, chat_message
 from .backends import BackendError, BackendTimeout, DispatchError, RunContext, get_backend
@@ -126,9 +127,11 @@ class RunExecutor:
 
     async def _execute(self, run_pk: int) -> None:
         try:
+            logs.run_id.set(str(run_pk))
             run = await db_read(selectors.get_run, run_pk)
             if run is None or run.state != RunState.DISPATCHING:
                 return
+            logs.run_id.set(run.run_id)
             backend = get_backend(run.session.agent_id)
             window = backend.context_messages if backend is not None else 0
             transcript = await db_read(_transcript, run, window) if window else []
@@ -188,6 +191,8 @@ class RunExecutor:
         last = 0.0
         try:
             async for chunk in stream:
+                if chunk and not text:
+                    metrics.first_token(run.session.agent_id, run.dispatched_at)
                 text += chunk
                 now = time.monotonic()
                 if now - last >= interval:

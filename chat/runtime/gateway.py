@@ -15,8 +15,9 @@ from sessions_app import process
 
 from ..db import db_write
 from ..delivery import broadcaster
+from . import health
 from .executor import RunExecutor
-from .registry import ConnectionRegistry
+from .registry import connections
 from .supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ class GatewayRuntime:
         self.accepting = True
         self.stopping = False
         self.executor = RunExecutor()
-        self.connections = ConnectionRegistry()
+        self.connections = connections
         self.supervisor = Supervisor(self)
 
     @property
@@ -54,6 +55,7 @@ class GatewayRuntime:
         self.accepting = True
         self.stopping = False
         self.executor.reset(self.server_id)
+        health.reset()
         self.connections.clear()
         broadcaster.start()
         await db_write(process.register, self.server_id)

@@ -30,3 +30,6 @@ class ConnectionRegistry:
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self.snapshot())
+
+
+connections = ConnectionRegistry()

@@ -22,8 +22,9 @@ from sessions_app import process, recovery
 from sessions_app.lifecycle import runs
 from sessions_app.models import ACTIVE_STATES, Actor, Run, RunState
 
-from .. import groups, repair
+from .. import groups, metrics, repair
 from ..db import db_read, db_write
+from . import health
 
 if TYPE_CHECKING:
     from .gateway import GatewayRuntime
@@ -67,11 +68,15 @@ class Supervisor:
             await asyncio.sleep(settings.GATEWAY_HEARTBEAT_SECONDS)
             try:
                 await db_write(process.heartbeat, rt.server_id)
-                await db_write(recovery.sweep, rt.server_id)
+                swept = await db_write(recovery.sweep, rt.server_id)
                 for pk in await db_read(process.unowned_active_runs):
                     if rt.accepting and await db_write(runs.claim_run, pk, server_id=rt.server_id):
                         rt.executor.submit(pk)
-            except Exception:
+                metrics.sweep_done(swept.ended, swept.forgotten)
+                health.ok("sweep")
+            except Exception as exc:
+                metrics.SWEEPS.labels("error").inc()
+                health.failed("sweep", exc)
                 log.exception("heartbeat/recovery sweep failed")
 
     async def _reconcile_loop(self) -> None:
@@ -98,7 +103,9 @@ class Supervisor:
                             pk, RunState.FAILED, error_kind="interrupted", reason="run.interrupted",
                             error_message="the run lost its worker in this gateway process",
                         )
-            except Exception:
+                health.ok("reconcile")
+            except Exception as exc:
+                health.failed("reconcile", exc)
                 log.exception("reconcile failed")
 
     async def _repair_loop(self) -> None:
@@ -108,29 +115,42 @@ class Supervisor:
             await asyncio.sleep(interval)
             try:
                 await self.repair_now()
-            except Exception:
+                metrics.REPAIR_PASSES.labels("ok").inc()
+                health.ok("repair")
+            except Exception as exc:
+                metrics.REPAIR_PASSES.labels("error").inc()
+                health.failed("repair", exc)
                 log.exception("repair pass failed")
 
     async def _listen_loop(self) -> None:
+        """Cross-process aborts (`proc.<server_id>`); restarted, and logged, when it fails."""
         rt = self.runtime
         layer = get_channel_layer()
         if layer is None:
             return
-        channel = await layer.new_channel()
-        await layer.group_add(groups.process_group(rt.server_id), channel)
+        delay = 1.0
         while not rt.stopping:
             try:
-                message = await layer.receive(channel)
+                channel = await layer.new_channel()
+                await layer.group_add(groups.process_group(rt.server_id), channel)
+                health.ok("listener")
+                delay = 1.0
+                while not rt.stopping:
+                    message = await layer.receive(channel)
+                    health.ok("listener")
+                    if message.get("type") == "run.cancel":
+                        rt.executor.cancel(int(message["run"]))
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as exc:
                 if rt.stopping:
                     return
-                log.exception("process channel receive failed")
-                await asyncio.sleep(1)
-                continue
-            if message.get("type") == "run.cancel":
-                rt.executor.cancel(int(message["run"]))
+                health.failed("listener", exc, restart=True)
+                metrics.channel_layer_failed("listener")
+                metrics.BACKGROUND_RESTARTS.labels("listener").inc()
+                log.exception("process channel listener failed; restarting in %.0fs", delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
 
     # --- shutdown -------------------------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from http import HTTPStatus
 from typing import Any
 
@@ -89,7 +90,6 @@ def test_metrics_state_gauges() -> None:
 
 @pytest.mark.django_db(transaction=True)
 async def test_metrics_count_acks_latency_runs_and_sockets(alice: tuple[Any, str]) -> None:
-
     def scrape() -> dict[Any, float]:
         return samples(Client().get("/metrics").content.decode())
 
@@ -103,7 +103,12 @@ async def test_metrics_count_acks_latency_runs_and_sockets(alice: tuple[Any, str
         assert again["status"] == "ok"
         bad = await client.call("chat.send", {"sessionKey": "main", "message": "x", "idempotencyKey": "m1"})
         assert bad["error"]["code"] == "CONFLICT"
-        after = await database_sync_to_async(scrape)()
+        ended = ("agentgate_runs_ended_total", (("agent", "main"), ("error_kind", ""), ("state", "done")))
+        for _ in range(40):  # the run-end metric is counted on commit, beside the broadcast
+            after = await database_sync_to_async(scrape)()
+            if after.get(ended, 0.0) > before.get(ended, 0.0):
+                break
+            await asyncio.sleep(0.05)
     finally:
         await client.close()
 
@@ -115,8 +120,10 @@ async def test_metrics_count_acks_latency_runs_and_sockets(alice: tuple[Any, str
     assert delta("agentgate_chat_send_acks_total", method="chat.send", status="ok") == 1
     assert delta("agentgate_chat_send_acks_total", method="chat.send", status="conflict") == 1
     assert delta("agentgate_chat_send_seconds_count", method="chat.send") == 3
-    assert delta("agentgate_runs_ended_total", state="done", error_kind="") == 1
-    assert delta("agentgate_run_duration_seconds_count", state="done") == 1
+    assert delta("agentgate_runs_ended_total", agent="main", state="done", error_kind="") == 1
+    assert delta("agentgate_run_duration_seconds_count", agent="main", state="done") == 1
+    assert delta("agentgate_time_to_first_token_seconds_count", agent="main") == 1
+    assert delta("agentgate_method_calls_total", method="chat.send", outcome="ok") == 2
     assert delta("agentgate_connected_sockets") == 1  # other tests of this process may hold sockets
 
 

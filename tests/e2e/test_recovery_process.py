@@ -146,5 +146,20 @@ async def test_recover_runs_command_and_ops_endpoints_against_a_real_server(env:
     assert done["ended"] == 1
     assert run_row(env, "k1")[:2] == ("failed", "interrupted")
     assert run_row(env, "k2") == ("dispatching", "", "")  # waits, unowned, for a live process
-    doctor = manage(env, "gateway_doctor", "--json")
-    assert json.loads(doctor.stdout)["ok"] is True
+    # With no server running nothing will claim it: the admin shows it stuck, and the doctor
+    # agrees (exit 1, one finding) instead of reporting clean.
+    with pytest.raises(RuntimeError, match=r"failed \(1\)") as raised:
+        manage(env, "gateway_doctor", "--json")
+    assert '"kind": "unclaimed_run"' in str(raised.value) and '"runId": "k2"' in str(raised.value)
+    # A server started now claims it, and the doctor is clean again.
+    server = start_server(env=env)
+    try:
+        server.wait_ready()
+        for _ in range(50):
+            if run_row(env, "k2")[2]:  # claimed by the new server
+                break
+            await asyncio.sleep(0.2)
+        doctor = manage(env, "gateway_doctor", "--json")
+        assert json.loads(doctor.stdout)["ok"] is True
+    finally:
+        server.kill()

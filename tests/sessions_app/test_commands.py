@@ -168,6 +168,12 @@ def plant(kind: str) -> None:
     live = opsdata.register_live_process().server_id
     if kind == "dead_process_run":
         opsdata.own(opsdata.send(owner, "s", "r1"), "gone-process")
+    elif kind == "unclaimed_run":  # no server running to claim it
+        opsdata.send(owner, "s", "r1")
+        GatewayProcess.objects.update(stopped_at=timezone.now())
+    elif kind == "long_running_run":  # within its own budget, past GATEWAY_STUCK_RUN_SECONDS
+        run = opsdata.own(opsdata.send(owner, "s", "r1"), live, dispatched_ago=timedelta(hours=2))
+        Run.objects.filter(pk=run.pk).update(timeout_ms=24 * 3600 * 1000)
     elif kind == "overdue_run":
         opsdata.own(opsdata.send(owner, "s", "r1"), live, dispatched_ago=timedelta(hours=2))
     elif kind == "stale_generation_run":

@@ -15,6 +15,7 @@ from twisted.internet import reactor
 
 from chat.runtime.gateway import runtime
 from gatewayproject.asgi import application
+from gatewayproject.logs import access_logger
 
 
 class Command(BaseCommand):
@@ -23,7 +24,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
-        parser.add_argument("--access-log", default=None, help="path for the access log ('-' for stdout)")
+        parser.add_argument("--access-log", default=None,
+                            help="access log: a file path, or '-' for stdout (formatted like the other logs: "
+                                 "LOG_FORMAT=json gives JSON lines)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         host, port = options["host"], options["port"]
@@ -32,7 +35,7 @@ class Command(BaseCommand):
             endpoints=build_endpoint_description_strings(host=host, port=port),
             websocket_max_message_size=settings.GATEWAY_MAX_PAYLOAD,
             signal_handlers=False,
-            action_logger=None,
+            action_logger=access_logger(options["access_log"]) if options["access_log"] else None,
             root_path="",
             verbosity=1,
         )

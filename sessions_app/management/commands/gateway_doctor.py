@@ -2,16 +2,17 @@
 
 from typing import Any
 
-from django.core.management.base import CommandError, CommandParser
+from django.core.management.base import CommandParser
 
 from sessions_app import doctor
-from sessions_app.management.opscommand import OpsCommand
+from sessions_app.management.opscommand import Findings, OpsCommand
 
 
 class Command(OpsCommand):
     help = (
-        "Check every session and open run against the lifecycle rules and exit non-zero on findings. "
-        "--fix repairs each finding through the lifecycle service (audited, broadcast to clients)."
+        "Check every session and open run against the lifecycle rules. Exit 0: clean; 1: findings remain; "
+        "2: the check itself failed (e.g. database unreachable). --fix repairs each finding through the "
+        "lifecycle service (audited, broadcast to clients)."
     )
     dry_run_help = "with --fix: show the repairs; change nothing"
 
@@ -39,7 +40,7 @@ class Command(OpsCommand):
         else:
             self._print(report, fix=options["fix"])
         if not report.ok:
-            raise CommandError(f"{len(report.remaining)} finding(s)", returncode=1)
+            raise Findings(f"{len(report.remaining)} finding(s)")
 
     def _print(self, report: doctor.DoctorReport, *, fix: bool) -> None:
         if not report.findings:
