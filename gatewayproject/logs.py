@@ -15,11 +15,13 @@ import datetime as dt
 import json
 import logging
 import re
+import sys
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("agentgate_request_id", default="")
@@ -173,10 +175,6 @@ class AccessLog:
 
 def access_logger(target: str) -> AccessLog:
     """An access log writing to `target` ('-' = stdout, else a file), formatted per LOG_FORMAT."""
-    import sys
-
-    from django.conf import settings
-
     logger = logging.getLogger("chat.access")
     logger.setLevel(logging.INFO)
     logger.propagate = False

@@ -26,7 +26,7 @@ def probe_database(alias: str = "default", timeout: float | None = None) -> None
     vendor = conn.vendor
     try:
         if vendor == "postgresql":
-            import psycopg
+            import psycopg  # only on PostgreSQL: a SQLite deployment need not have it
 
             params: dict[str, Any] = {
                 k: v for k, v in conn.get_connection_params().items() if k not in ("context", "cursor_factory")
