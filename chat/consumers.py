@@ -241,7 +241,10 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             "auth": {"role": "operator", "scopes": self.scopes, "user": self.username},
             "policy": {"maxPayload": settings.GATEWAY_MAX_PAYLOAD,
                        "maxBufferedBytes": settings.GATEWAY_MAX_BUFFERED_BYTES,
-                       "tickIntervalMs": settings.GATEWAY_TICK_INTERVAL_MS},
+                       "tickIntervalMs": settings.GATEWAY_TICK_INTERVAL_MS,
+                       "maxMessageChars": settings.GATEWAY_MAX_MESSAGE_CHARS,
+                       "sessionKeyNamePattern": protocol.KEY_NAME_RE.pattern,
+                       "agentIdPattern": protocol.AGENT_ID_RE.pattern},
         }
 
     async def _connect_deadline(self) -> None:

@@ -227,6 +227,24 @@ async def chat_history(conn: Conn, params: dict[str, Any]) -> Reply:
     return Reply(payload)
 
 
+# --- agents.list -------------------------------------------------------------------------------
+
+
+@method("agents.list")
+async def agents_list(conn: Conn, params: dict[str, Any]) -> Reply:
+    """The configured agents (id, display name, model, backend), for a client's agent picker."""
+    agents = [
+        {
+            "id": agent_id,
+            "name": str(config.get("name") or agent_id),
+            "model": str(config.get("model") or ""),
+            "backend": str(config.get("backend") or ""),
+        }
+        for agent_id, config in settings.GATEWAY_AGENTS.items()
+    ]
+    return Reply({"agents": agents, "defaultId": "main"})
+
+
 # --- sessions.* --------------------------------------------------------------------------------
 
 LIST_STATUSES = {"running", "done", "failed", "killed", "timeout", "none"}

@@ -30,6 +30,7 @@ METHOD_SCOPES: dict[str, str] = {
     "sessions.list": "operator.read",
     "sessions.subscribe": "operator.read",
     "sessions.unsubscribe": "operator.read",
+    "agents.list": "operator.read",
     "chat.send": "operator.write",
     "chat.abort": "operator.write",
     "sessions.create": "operator.write",
@@ -354,6 +355,22 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def run_details(run: Run) -> dict[str, Any]:
+    """Optional run facts for a finished reply: `durationMs` and `usage`, when known."""
+    details: dict[str, Any] = {}
+    start = run.dispatched_at or run.started_at
+    if start is not None and run.ended_at is not None:
+        details["durationMs"] = max(0, int((run.ended_at - start).total_seconds() * 1000))
+    usage = {
+        name: value
+        for name, value in (("promptTokens", run.prompt_tokens), ("completionTokens", run.completion_tokens))
+        if value is not None
+    }
+    if usage:
+        details["usage"] = usage
+    return details
+
+
 def chat_payload_for_run(run: Run, session_key: str) -> dict[str, Any]:
     """The `chat` event for the run's current state (status phase or terminal), at `run.stream_seq`."""
     base: dict[str, Any] = {
@@ -368,15 +385,16 @@ def chat_payload_for_run(run: Run, session_key: str) -> dict[str, Any]:
     if state == "done":
         return {
             **base, "state": "final", "stopReason": run.stop_reason or "stop",
-            "message": assistant_message(run.reply, ms(run.ended_at)),
+            "message": assistant_message(run.reply, ms(run.ended_at)), **run_details(run),
         }
     if state == "killed":
-        payload = {**base, "state": "aborted", "stopReason": run.stop_reason or "rpc"}
+        payload = {**base, "state": "aborted", "stopReason": run.stop_reason or "rpc", **run_details(run)}
         if run.reply:
             payload["message"] = assistant_message(run.reply, ms(run.ended_at))
         return payload
     kind = run.error_kind or ("timeout" if state == "timeout" else "unknown")
-    payload = {**base, "state": "error", "errorKind": kind, "errorMessage": run.error_message or state}
+    payload = {**base, "state": "error", "errorKind": kind, "errorMessage": run.error_message or state,
+               **run_details(run)}
     if run.reply:
         payload["message"] = assistant_message(run.reply, ms(run.ended_at))
     return payload

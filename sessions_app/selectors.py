@@ -8,7 +8,7 @@ from typing import Any
 
 from django.db.models import Q, QuerySet
 
-from chat.protocol import ms
+from chat.protocol import ms, run_details
 
 from .models import ACTIVE_STATES, OPEN_STATES, ChatSession, Message, Run, RunState
 
@@ -114,17 +114,20 @@ def find_session(owner_id: int, key: str) -> ChatSession | None:
     return ChatSession.objects.filter(owner_id=owner_id, key=key).first()
 
 
-def message_dict(msg: Message, run_ids: dict[int, str]) -> dict[str, Any]:
+def message_dict(msg: Message, runs: dict[int, Run]) -> dict[str, Any]:
     item: dict[str, Any] = {
         "id": str(msg.pk),
         "role": msg.role,
         "content": [{"type": "text", "text": msg.text}],
         "timestamp": ms(msg.created_at),
     }
-    if msg.run_id is not None and msg.run_id in run_ids:
-        item["runId"] = run_ids[msg.run_id]
+    run = runs.get(msg.run_id) if msg.run_id is not None else None
+    if run is not None:
+        item["runId"] = run.run_id
     if msg.aborted:
         item["aborted"] = True
+    if run is not None and msg.role == "assistant" and run.is_terminal:
+        item.update(run_details(run))  # not in the spec: durationMs and usage of the run
     return item
 
 
@@ -137,11 +140,12 @@ def history(session: ChatSession, *, limit: int = 200, before_id: int | None = N
     has_more = len(newest_first) > limit
     msgs = list(reversed(newest_first[:limit]))
     run_pks = {m.run_id for m in msgs if m.run_id is not None}
-    run_ids = dict(Run.objects.filter(pk__in=run_pks).values_list("pk", "run_id"))
+    fields = ("pk", "run_id", "state", "dispatched_at", "started_at", "ended_at", "prompt_tokens", "completion_tokens")
+    runs = {r.pk: r for r in Run.objects.filter(pk__in=run_pks).only(*fields)}
     payload: dict[str, Any] = {
         "sessionKey": session.key,
         "sessionId": str(session.session_id),
-        "messages": [message_dict(m, run_ids) for m in msgs],
+        "messages": [message_dict(m, runs) for m in msgs],
         "hasMore": has_more,
         "session": session_rows([session])[0],
     }

@@ -22,7 +22,10 @@ async def test_hello_ok_shape(alice):
     assert hello["type"] == "hello-ok" and hello["protocol"] == 4
     assert hello["auth"] == {"role": "operator", "scopes": ["operator.read", "operator.write"], "user": "alice"}
     assert hello["snapshot"]["sessionDefaults"]["mainSessionKey"] == "agent:main:main"
-    assert hello["policy"] == {"maxPayload": 1048576, "maxBufferedBytes": 8388608, "tickIntervalMs": 30000}
+    assert hello["policy"] == {
+        "maxPayload": 1048576, "maxBufferedBytes": 8388608, "tickIntervalMs": 30000, "maxMessageChars": 32000,
+        "sessionKeyNamePattern": "^[A-Za-z0-9._:-]{1,200}$", "agentIdPattern": "^[A-Za-z0-9_-]{1,64}$",
+    }
     assert "chat.send" in hello["features"]["methods"] and "sessions.changed" in hello["features"]["events"]
     assert c.events[0]["seq"] == 1 and set(c.events[0]["payload"]) == {"nonce", "ts"}
     await c.close()

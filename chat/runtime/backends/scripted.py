@@ -68,7 +68,8 @@ class ScriptedBackend(AgentBackend):
     async def _stream(self, script: Script, ctx: RunContext) -> AsyncIterator[str]:
         if script.hang:
             await asyncio.Event().wait()  # never produces output; abort or timeout ends it
-        for i, word in enumerate(reply_words(script, ctx.attachments)):
+        chunks = reply_words(script, ctx.attachments)
+        for i, word in enumerate(chunks):
             if i:
                 await asyncio.sleep(script.tick_ms / 1000)
             yield word
@@ -76,3 +77,5 @@ class ScriptedBackend(AgentBackend):
                 raise BackendError("scripted agent failed mid-stream ([[fail:stream]])", kind="backend")
         if script.fail == "stream":
             raise BackendError("scripted agent failed mid-stream ([[fail:stream]])", kind="backend")
+        # Word counts stand in for token usage, so clients can show it.
+        ctx.usage = {"prompt_tokens": len(ctx.message.split()), "completion_tokens": len(chunks)}
