@@ -730,16 +730,15 @@ function messageElement(item) {
   el.append(body, meta);
   const foot = document.createElement("div");
   foot.className = "msg-foot";
-  const runMeta = document.createElement("span");
-  runMeta.className = "run-meta";
-  runMeta.dataset.testid = "run-meta";
-  runMeta.hidden = true;
-  foot.append(runMeta);
-  for (const [action, label] of [
-    ["copy", "Copy"],
-    ["edit", "Edit"],
-    ["retry", "Retry"],
-  ]) {
+  if (item.role === "assistant") {
+    const runMeta = document.createElement("span");
+    runMeta.className = "run-meta";
+    runMeta.dataset.testid = "run-meta";
+    runMeta.hidden = true;
+    foot.append(runMeta);
+  }
+  const actions = item.role === "user" ? [["copy", "Copy"], ["edit", "Edit"], ["retry", "Retry"]] : [["copy", "Copy"], ["retry", "Retry"]];
+  for (const [action, label] of actions) {
     const button = document.createElement("button");
     button.type = "button";
     button.className = "btn btn-quiet btn-small msg-action";
@@ -813,18 +812,23 @@ function renderMessages() {
     }
     const ended = item.state === "final" || item.state === "aborted" || item.state === "error";
     const details = item.role === "assistant" && ended ? formatDetails(item.details) : "";
-    const runMeta = foot.children[0];
-    setText(runMeta, details);
-    runMeta.hidden = !details;
-    const [copyBtn, editBtn, retryBtn] = [foot.children[1], foot.children[2], foot.children[3]];
+    const part = (testid) => foot.querySelector(`[data-testid="${testid}"]`);
+    const runMeta = part("run-meta");
+    if (runMeta) {
+      setText(runMeta, details);
+      runMeta.hidden = !details;
+    }
+    const [copyBtn, editBtn, retryBtn] = [part("copy"), part("edit"), part("retry")];
     copyBtn.hidden = !item.text || item.state === "streaming";
     setAttr(copyBtn, "aria-label", item.role === "user" ? "Copy your message" : "Copy the reply");
-    editBtn.hidden = !(edit && edit.itemId === item.id);
+    if (editBtn) {
+      editBtn.hidden = !(edit && edit.itemId === item.id);
+      setAttr(editBtn, "aria-label", "Edit your last message");
+    }
     retryBtn.hidden = !(retry && retry.itemId === item.id);
     retryBtn.disabled = !(retry && retry.enabled);
-    setAttr(editBtn, "aria-label", "Edit your last message");
     setAttr(retryBtn, "aria-label", "Run the last message again");
-    foot.hidden = copyBtn.hidden && editBtn.hidden && retryBtn.hidden && runMeta.hidden;
+    foot.hidden = [...foot.children].every((child) => child.hidden);
     const expected = prev ? prev.nextSibling : els.messageList.firstChild;
     if (row !== expected) els.messageList.insertBefore(row, expected);
     prev = row;
@@ -921,7 +925,7 @@ els.messageList.addEventListener("click", (ev) => {
   if (!button || !els.messageList.contains(button)) return;
   if (button.classList.contains("code-copy")) {
     const code = button.closest(".code-block").querySelector("pre code");
-    copyText(code ? code.textContent : "", button);
+    copyText(code ? code.textContent.replace(/\n$/, "") : "", button);
     return;
   }
   const row = button.closest(".msg-row");
