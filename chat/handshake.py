@@ -81,7 +81,8 @@ def hello_ok(*, conn_id: str, scopes: list[str], username: str, methods: list[st
             "tickIntervalMs": settings.GATEWAY_TICK_INTERVAL_MS,
             "maxMessageChars": settings.GATEWAY_MAX_MESSAGE_CHARS,
             # whole-string patterns, in the syntax JavaScript's RegExp also reads
-            "sessionKeyPattern": f"^{protocol.KEY_NAME_RE.pattern}$",
+            "sessionKeyNamePattern": f"^{protocol.KEY_NAME_RE.pattern}$",
+            "agentIdPattern": f"^{protocol.AGENT_ID_RE.pattern}$",
             "idempotencyKeyPattern": f"^{protocol.RUN_ID_RE.pattern}$",
         },
     }

@@ -260,6 +260,15 @@ async def chat_history(conn: Conn, params: dict[str, Any]) -> Reply:
     return Reply(await db_read(_history, conn.state.user_id, key, limit, before_id))
 
 
+# --- agents.list -------------------------------------------------------------------------------
+
+
+@method("agents.list", scope=Scope.READ)
+async def agents_list(conn: Conn, params: dict[str, Any]) -> Reply:
+    """The configured agents (id, display name, model, backend), for a client's agent picker."""
+    return Reply({"agents": wire.agents(settings.GATEWAY_AGENTS), "defaultId": "main"})
+
+
 # --- sessions.* --------------------------------------------------------------------------------
 
 LIST_STATUSES = {"running", "done", "failed", "killed", "timeout", "none"}

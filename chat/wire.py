@@ -124,6 +124,22 @@ def row_event(row: dict[str, Any], reason: str, run_id: str | None = None) -> di
 # --- chat events (§5) -----------------------------------------------------------------------------
 
 
+def run_details(run: Run) -> dict[str, Any]:
+    """Not in the spec: a finished run's `durationMs` and `usage`, when known."""
+    details: dict[str, Any] = {}
+    start = run.dispatched_at or run.started_at
+    if start is not None and run.ended_at is not None:
+        details["durationMs"] = max(0, int((run.ended_at - start).total_seconds() * 1000))
+    usage = {
+        name: value
+        for name, value in (("promptTokens", run.prompt_tokens), ("completionTokens", run.completion_tokens))
+        if value is not None
+    }
+    if usage:
+        details["usage"] = usage
+    return details
+
+
 def assistant_message(text: str, timestamp: int | None) -> dict[str, Any]:
     return {"role": "assistant", "content": [{"type": "text", "text": text}], "timestamp": timestamp}
 
@@ -142,14 +158,15 @@ def chat_payload(run: Run, session_key: str) -> dict[str, Any]:
     if state == RunState.DONE:
         return {
             **base, "state": ChatState.FINAL.value, "stopReason": run.stop_reason or "stop",
-            "message": assistant_message(run.reply, ms(run.ended_at)),
+            "message": assistant_message(run.reply, ms(run.ended_at)), **run_details(run),
         }
     if state == RunState.KILLED:
-        payload = {**base, "state": ChatState.ABORTED.value, "stopReason": run.stop_reason or "rpc"}
+        payload = {**base, "state": ChatState.ABORTED.value, "stopReason": run.stop_reason or "rpc", **run_details(run)}
     else:
         kind = run.error_kind or ("timeout" if state == RunState.TIMEOUT else "unknown")
         payload = {
             **base, "state": ChatState.ERROR.value, "errorKind": kind, "errorMessage": run.error_message or state,
+            **run_details(run),
         }
     if run.reply:
         payload["message"] = assistant_message(run.reply, ms(run.ended_at))
@@ -211,17 +228,20 @@ def ack_payload(run: Run | None, status: AckStatus, session_key: str, session_id
 # --- history and lists ----------------------------------------------------------------------------
 
 
-def message_item(msg: Message, run_ids: dict[int, str]) -> dict[str, Any]:
+def message_item(msg: Message, runs: dict[int, Run]) -> dict[str, Any]:
     item: dict[str, Any] = {
         "id": str(msg.pk),
         "role": msg.role,
         "content": [{"type": "text", "text": msg.text}],
         "timestamp": ms(msg.created_at),
     }
-    if msg.run_id is not None and msg.run_id in run_ids:
-        item["runId"] = run_ids[msg.run_id]
+    run = runs.get(msg.run_id) if msg.run_id is not None else None
+    if run is not None:
+        item["runId"] = run.run_id
     if msg.aborted:
         item["aborted"] = True
+    if run is not None and msg.role == "assistant" and run.is_terminal:
+        item.update(run_details(run))
     return item
 
 
@@ -230,7 +250,7 @@ def history(session: ChatSession, transcript: selectors.Transcript) -> dict[str,
     payload: dict[str, Any] = {
         "sessionKey": session.key,
         "sessionId": str(session.session_id),
-        "messages": [message_item(m, transcript.run_ids) for m in transcript.messages],
+        "messages": [message_item(m, transcript.runs) for m in transcript.messages],
         "hasMore": transcript.has_more,
         "session": session_row(session, [r.run_id for r in transcript.queued]),
     }
@@ -242,6 +262,19 @@ def history(session: ChatSession, transcript: selectors.Transcript) -> dict[str,
         {"runId": r.run_id, "text": r.message, "position": i + 1} for i, r in enumerate(transcript.queued)
     ]
     return payload
+
+
+def agents(configured: dict[str, dict[str, Any]]) -> list[dict[str, str]]:
+    """The agents a client may choose: id, display name, model, backend (nothing else of their config)."""
+    return [
+        {
+            "id": agent_id,
+            "name": str(config.get("name") or agent_id),
+            "model": str(config.get("model") or ""),
+            "backend": str(config.get("backend") or ""),
+        }
+        for agent_id, config in configured.items()
+    ]
 
 
 def session_list(page: selectors.SessionPage, offset: int) -> dict[str, Any]:

@@ -84,7 +84,7 @@ class Transcript:
 
     messages: list[Message]
     has_more: bool
-    run_ids: dict[int, str]  # run pk -> runId, for the messages' runs
+    runs: dict[int, Run]  # the messages' runs by pk (runId, outcome, timings, usage)
     active: Run | None = None
     queued: list[Run] = field(default_factory=list)
 
@@ -97,10 +97,11 @@ def transcript(session: ChatSession, *, limit: int = 200, before_id: int | None 
     newest_first = list(qs.order_by("-id")[: limit + 1])
     msgs = list(reversed(newest_first[:limit]))
     run_pks = {m.run_id for m in msgs if m.run_id is not None}
-    run_ids = dict(Run.objects.filter(pk__in=run_pks).values_list("pk", "run_id"))
+    fields = ("pk", "run_id", "state", "dispatched_at", "started_at", "ended_at", "prompt_tokens", "completion_tokens")
+    runs = {r.pk: r for r in Run.objects.filter(pk__in=run_pks).only(*fields)}
     open_runs = list(Run.objects.filter(session=session, state__in=OPEN_STATES).order_by("queue_seq", "id"))
     return Transcript(
-        messages=msgs, has_more=len(newest_first) > limit, run_ids=run_ids,
+        messages=msgs, has_more=len(newest_first) > limit, runs=runs,
         active=next((r for r in open_runs if r.state in ACTIVE_STATES), None),
         queued=[r for r in open_runs if r.state == RunState.QUEUED],
     )

@@ -2,20 +2,26 @@
 // All protocol decisions live in state.js; this file only carries out its effects and draws.
 
 import { GatewayClient } from "./client.js";
+import { renderMarkdown } from "./markdown.js";
 import {
   activity,
   canonicalKey,
   conversation,
+  editTarget,
+  formatDetails,
   initialState,
   outbox,
   reduce,
+  retryTarget,
   sessionList,
   shortName,
+  storedDrafts,
+  storedOutbox,
 } from "./state.js";
 
 const PAGE_SIZE = 50;
 const LIST_LIMIT = 200;
-const MAX_MESSAGE_CHARS = 32000;
+const SEARCH_DEBOUNCE_MS = 250;
 
 const root = document.getElementById("app");
 const $ = (selector) => root.querySelector(selector);
@@ -25,8 +31,14 @@ const els = {
   backdrop: $('[data-testid="sidebar-backdrop"]'),
   sessionList: $("#session-list"),
   newSession: $('[data-testid="new-session"]'),
+  agentChoice: $(".agent-choice"),
+  agentPicker: $('[data-testid="agent-picker"]'),
+  search: $('[data-testid="session-search"]'),
+  sessionEmpty: $("#session-empty"),
+  loadMoreSessions: $('[data-testid="load-more-sessions"]'),
   title: $("#chat-title"),
   sub: $("#chat-sub"),
+  agent: $("#chat-agent"),
   rename: $('[data-testid="rename-session"]'),
   reset: $('[data-testid="reset-session"]'),
   remove: $('[data-testid="delete-session"]'),
@@ -51,17 +63,44 @@ const els = {
 };
 
 /** The session key in the URL hash; null when there is none or it is malformed (e.g. `#100%`). */
-function keyFromHash() {
+function keyFromHash(policy) {
   let raw;
   try {
     raw = decodeURIComponent(location.hash.replace(/^#/, ""));
   } catch {
     return null; // not valid percent-encoding: the default session opens instead
   }
-  return raw ? canonicalKey(raw) : null;
+  return raw ? canonicalKey(raw, "main", policy) : null;
 }
 
-let state = initialState({ currentKey: keyFromHash() });
+// --- storage: drafts and unsent messages survive a reload ----------------------------------------------
+
+const STORE_PREFIX = `agentgate:${root.dataset.user || ""}:`;
+
+function loadStored(name, fallback) {
+  try {
+    const raw = localStorage.getItem(STORE_PREFIX + name);
+    return raw ? JSON.parse(raw) : fallback;
+  } catch {
+    return fallback; // storage disabled or damaged: start empty
+  }
+}
+
+const written = { drafts: null, outbox: null };
+
+function saveStored(name, value) {
+  const text = JSON.stringify(value);
+  if (written[name] === text) return;
+  written[name] = text;
+  try {
+    if (text === "{}" || text === "[]") localStorage.removeItem(STORE_PREFIX + name);
+    else localStorage.setItem(STORE_PREFIX + name, text);
+  } catch {
+    // full or disabled: the page works, only without surviving a reload
+  }
+}
+
+let state = initialState({ currentKey: keyFromHash(), drafts: loadStored("drafts", {}) });
 
 // --- store ---------------------------------------------------------------------------------------
 
@@ -70,6 +109,11 @@ function dispatch(action) {
   const effects = state.effects;
   for (const eff of effects) runEffect(eff);
   scheduleRender();
+}
+
+function persist() {
+  saveStored("drafts", storedDrafts(state));
+  saveStored("outbox", storedOutbox(state)); // an item leaves once its ack arrived
 }
 
 function runEffect(eff) {
@@ -113,6 +157,7 @@ const client = new GatewayClient({
     // Subscribe before anything is read, so no change between the read and the subscription is missed.
     client.request("sessions.subscribe", {}).catch(() => {});
     dispatch({ type: "conn/ready", hello });
+    requestAgents();
   },
   onClosed: ({ retryInMs }) => dispatch({ type: "conn/closed", retryInMs }),
   onFatal: (error) => {
@@ -175,16 +220,49 @@ function requestList() {
   const marker = { again: false };
   listInFlight = marker;
   const token = state.tick;
+  const search = state.search;
+  const params = { limit: LIST_LIMIT };
+  if (search) params.search = search;
   client
-    .request("sessions.list", { limit: LIST_LIMIT })
+    .request("sessions.list", params)
     .then((res) => {
-      if (res.ok) dispatch({ type: "list/loaded", token, payload: res.payload });
+      if (res.ok) dispatch({ type: "list/loaded", token, search, offset: 0, payload: res.payload });
     })
     .catch(() => {})
     .finally(() => {
       listInFlight = null;
       if (marker.again) requestList();
     });
+}
+
+let moreInFlight = false;
+
+/** The next page of the sidebar (sessions.list `offset`), when there is one. */
+function requestMoreSessions() {
+  const next = state.listNext;
+  if (!client.ready || moreInFlight || !next || next.search !== state.search) return;
+  moreInFlight = true;
+  const token = state.tick;
+  const params = { limit: LIST_LIMIT, offset: next.offset };
+  if (next.search) params.search = next.search;
+  client
+    .request("sessions.list", params)
+    .then((res) => {
+      if (res.ok) dispatch({ type: "list/loaded", token, search: next.search, offset: next.offset, payload: res.payload });
+    })
+    .catch(() => {})
+    .finally(() => {
+      moreInFlight = false;
+    });
+}
+
+function requestAgents() {
+  client
+    .request("agents.list", {})
+    .then((res) => {
+      if (res.ok) dispatch({ type: "agents/loaded", payload: res.payload });
+    })
+    .catch(() => {});
 }
 
 function flushOutbox() {
@@ -216,13 +294,66 @@ let stickToBottom = true;
 function sendComposer() {
   const text = els.composer.value;
   if (!text.trim()) return;
-  if (text.length > MAX_MESSAGE_CHARS) {
-    dispatch({ type: "notice", text: `Messages are limited to ${MAX_MESSAGE_CHARS} characters.` });
+  const max = state.policy.maxMessageChars;
+  if (text.length > max) {
+    dispatch({ type: "notice", text: `Messages are limited to ${max} characters.` });
     return;
   }
   stickToBottom = true;
   dispatch({ type: "send/request", key: state.currentKey, runId: newRunId(), text });
   els.composer.focus();
+}
+
+/** Run the last reply again: the same user text through chat.send, with a new idempotency key. */
+function retryLast() {
+  const key = state.currentKey;
+  const target = retryTarget(state, key);
+  if (!target || !target.enabled) return;
+  // A refused send put its text back in the composer: the retry takes it from there.
+  const keepDraft = els.composer.value !== target.text;
+  stickToBottom = true;
+  dispatch({ type: "send/request", key, runId: newRunId(), text: target.text, keepDraft });
+}
+
+/** Put the last user message back in the composer, to change it and send it again. */
+function editLast() {
+  const key = state.currentKey;
+  const target = editTarget(state, key);
+  if (!target) return;
+  setComposer(target.text);
+  dispatch({ type: "draft/set", key, text: target.text });
+  els.composer.focus();
+  els.composer.setSelectionRange(target.text.length, target.text.length);
+}
+
+async function copyText(text, button) {
+  let ok = false;
+  try {
+    await navigator.clipboard.writeText(text);
+    ok = true;
+  } catch {
+    // No async clipboard (not a secure context): the selection way.
+    const area = document.createElement("textarea");
+    area.value = text;
+    area.setAttribute("readonly", "");
+    area.className = "visually-hidden";
+    document.body.append(area);
+    area.select();
+    try {
+      ok = document.execCommand("copy");
+    } catch {
+      ok = false;
+    }
+    area.remove();
+  }
+  if (!button) return;
+  const label = button.dataset.label || button.textContent;
+  button.dataset.label = label;
+  button.textContent = ok ? "Copied" : "Copy failed";
+  clearTimeout(button._timer);
+  button._timer = setTimeout(() => {
+    button.textContent = label;
+  }, 1500);
 }
 
 let stopping = false;
@@ -279,7 +410,9 @@ function selectSession(key) {
 }
 
 async function newSession() {
-  const payload = await call("sessions.create", {});
+  const params = {};
+  if (state.agents && state.agents.list.length > 1 && els.agentPicker.value) params.agentId = els.agentPicker.value;
+  const payload = await call("sessions.create", params);
   if (!payload) return;
   dispatch({ type: "session/row", row: payload.session });
   selectSession(payload.session.key);
@@ -436,7 +569,9 @@ function formatTime(ms) {
 }
 
 function render() {
+  persist();
   renderConnection();
+  renderAgents();
   renderSessions();
   renderHeader();
   renderMessages();
@@ -453,6 +588,31 @@ function renderConnection() {
   else if (status === "offline") text = error ? "Disconnected" : retryInMs != null ? "Offline · reconnecting…" : "Offline";
   if (els.conn.dataset.state !== status) els.conn.dataset.state = status;
   if (els.conn.textContent !== text) els.conn.textContent = text;
+}
+
+function agentOf(agentId) {
+  const list = (state.agents && state.agents.list) || [];
+  return list.find((a) => a.id === agentId) || null;
+}
+
+let renderedAgents = null;
+
+function renderAgents() {
+  const agents = state.agents;
+  if (!agents || agents === renderedAgents) return;
+  renderedAgents = agents;
+  const previous = els.agentPicker.value;
+  els.agentPicker.replaceChildren(
+    ...agents.list.map((a) => {
+      const option = document.createElement("option");
+      option.value = a.id;
+      option.textContent = a.model && a.model !== a.name ? `${a.name} (${a.model})` : a.name;
+      return option;
+    }),
+  );
+  const ids = agents.list.map((a) => a.id);
+  els.agentPicker.value = ids.includes(previous) ? previous : ids.includes(agents.defaultId) ? agents.defaultId : ids[0] || "";
+  els.agentChoice.hidden = agents.list.length < 2;
 }
 
 const rowEls = new Map();
@@ -502,6 +662,8 @@ function renderSessions() {
       rowEls.delete(key);
     }
   }
+  els.sessionEmpty.hidden = items.length > 0;
+  els.loadMoreSessions.hidden = !(state.listNext && state.listNext.search === state.search);
 }
 
 function renderHeader() {
@@ -517,6 +679,10 @@ function renderHeader() {
   }
   setText(els.sub, parts.join(" · "));
   els.sub.title = parts.join(" · ");
+  const agentId = (row && row.agentId) || key.split(":")[1] || "main";
+  const agent = agentOf(agentId);
+  const agentText = agent ? `Agent: ${agent.name}${agent.model ? ` · model ${agent.model}` : ""}` : `Agent: ${agentId}`;
+  setText(els.agent, agentText);
   const title = `${label} · agentgate`;
   if (document.title !== title) document.title = title;
   els.rename.disabled = !row;
@@ -532,14 +698,58 @@ function metaFor(item) {
       return { text: state.conn.status === "online" ? "Sending…" : "Waiting for the connection…" };
     case "queued":
       return { text: item.position ? `Queued · #${item.position}` : "Queued", cancel: true };
-    case "error":
+    case "error": {
       if (item.unconfirmed) return { text: item.error };
-      return { text: item.role === "user" ? `Not sent: ${item.error}` : `Error: ${item.error}` };
+      const kind = item.errorKind && item.errorKind !== "error" ? ` (${item.errorKind})` : "";
+      return { text: item.role === "user" ? `Not sent${kind}: ${item.error}` : `Error${kind}: ${item.error}` };
+    }
     case "aborted":
       return { text: item.meta || "Stopped" };
     default:
       return null;
   }
+}
+
+function messageElement(item) {
+  // A row holds the message bubble and, under it, its run details and actions. The bubble
+  // (`data-testid="message"`) holds only the message and its status line.
+  const row = document.createElement("div");
+  row.className = "msg-row";
+  const el = document.createElement("article");
+  el.className = "msg";
+  el.dataset.testid = "message";
+  const body = document.createElement("div");
+  body.className = "msg-text";
+  if (item.role === "assistant") {
+    body.classList.add("markdown");
+    body.dataset.testid = "markdown";
+  }
+  const meta = document.createElement("div");
+  meta.className = "msg-meta";
+  meta.hidden = true;
+  el.append(body, meta);
+  const foot = document.createElement("div");
+  foot.className = "msg-foot";
+  if (item.role === "assistant") {
+    const runMeta = document.createElement("span");
+    runMeta.className = "run-meta";
+    runMeta.dataset.testid = "run-meta";
+    runMeta.hidden = true;
+    foot.append(runMeta);
+  }
+  const actions = item.role === "user" ? [["copy", "Copy"], ["edit", "Edit"], ["retry", "Retry"]] : [["copy", "Copy"], ["retry", "Retry"]];
+  for (const [action, label] of actions) {
+    const button = document.createElement("button");
+    button.type = "button";
+    button.className = "btn btn-quiet btn-small msg-action";
+    button.dataset.testid = action;
+    button.dataset.action = action;
+    button.textContent = label;
+    button.hidden = action !== "copy";
+    foot.append(button);
+  }
+  row.append(el, foot);
+  return row;
 }
 
 function renderMessages() {
@@ -552,6 +762,8 @@ function renderMessages() {
     stickToBottom = true;
   }
   const items = conversation(state, key);
+  const retry = retryTarget(state, key, items);
+  const edit = editTarget(state, key, items);
   const conv = state.convs[key];
   const nearBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 80;
   const heightBefore = box.scrollHeight;
@@ -559,19 +771,22 @@ function renderMessages() {
   const seen = new Set();
   let prev = null;
   for (const item of items) {
-    let el = msgEls.get(item.id);
-    if (!el) {
-      el = document.createElement("article");
-      el.className = "msg";
-      el.dataset.testid = "message";
-      el.innerHTML = '<div class="msg-text"></div><div class="msg-meta" hidden></div>';
-      msgEls.set(item.id, el);
+    let row = msgEls.get(item.id);
+    if (!row) {
+      row = messageElement(item);
+      msgEls.set(item.id, row);
     }
+    const el = row.firstChild;
+    const foot = row.lastChild;
+    row.dataset.itemId = item.id;
+    setAttr(row, "data-role", item.role);
     setAttr(el, "data-role", item.role);
     setAttr(el, "data-state", item.state);
     setAttr(el, "data-run-id", item.runId || "");
     setAttr(el, "data-position", item.position ? String(item.position) : "");
-    setText(el.children[0], item.text);
+    const body = el.children[0];
+    if (body.dataset.testid === "markdown") renderMarkdown(body, item.text, { final: item.state !== "streaming" });
+    else setText(body, item.text);
     const meta = metaFor(item);
     const metaEl = el.children[1];
     const signature = meta ? `${meta.text}|${meta.cancel ? 1 : 0}` : "";
@@ -595,9 +810,28 @@ function renderMessages() {
         }
       }
     }
+    const ended = item.state === "final" || item.state === "aborted" || item.state === "error";
+    const details = item.role === "assistant" && ended ? formatDetails(item.details) : "";
+    const part = (testid) => foot.querySelector(`[data-testid="${testid}"]`);
+    const runMeta = part("run-meta");
+    if (runMeta) {
+      setText(runMeta, details);
+      runMeta.hidden = !details;
+    }
+    const [copyBtn, editBtn, retryBtn] = [part("copy"), part("edit"), part("retry")];
+    copyBtn.hidden = !item.text || item.state === "streaming";
+    setAttr(copyBtn, "aria-label", item.role === "user" ? "Copy your message" : "Copy the reply");
+    if (editBtn) {
+      editBtn.hidden = !(edit && edit.itemId === item.id);
+      setAttr(editBtn, "aria-label", "Edit your last message");
+    }
+    retryBtn.hidden = !(retry && retry.itemId === item.id);
+    retryBtn.disabled = !(retry && retry.enabled);
+    setAttr(retryBtn, "aria-label", "Run the last message again");
+    foot.hidden = [...foot.children].every((child) => child.hidden);
     const expected = prev ? prev.nextSibling : els.messageList.firstChild;
-    if (el !== expected) els.messageList.insertBefore(el, expected);
-    prev = el;
+    if (row !== expected) els.messageList.insertBefore(row, expected);
+    prev = row;
     seen.add(item.id);
   }
   for (const [id, el] of msgEls) {
@@ -686,6 +920,42 @@ els.composer.addEventListener("input", () => {
   dispatch({ type: "draft/set", key: state.currentKey, text: els.composer.value });
 });
 els.stop.addEventListener("click", stopRuns);
+els.messageList.addEventListener("click", (ev) => {
+  const button = ev.target.closest("button");
+  if (!button || !els.messageList.contains(button)) return;
+  if (button.classList.contains("code-copy")) {
+    const code = button.closest(".code-block").querySelector("pre code");
+    copyText(code ? code.textContent.replace(/\n$/, "") : "", button);
+    return;
+  }
+  const row = button.closest(".msg-row");
+  const action = button.dataset.action;
+  if (!row || !action) return;
+  if (action === "copy") {
+    const item = conversation(state, state.currentKey).find((i) => i.id === row.dataset.itemId);
+    if (item) copyText(item.text, button);
+  } else if (action === "retry") {
+    retryLast();
+  } else if (action === "edit") {
+    editLast();
+  }
+});
+let searchTimer = null;
+els.search.addEventListener("input", () => {
+  clearTimeout(searchTimer);
+  searchTimer = setTimeout(() => {
+    if (els.search.value.trim() !== state.search) dispatch({ type: "search/set", text: els.search.value });
+  }, SEARCH_DEBOUNCE_MS);
+});
+els.loadMoreSessions.addEventListener("click", requestMoreSessions);
+els.sessionList.addEventListener(
+  "scroll",
+  () => {
+    const list = els.sessionList;
+    if (list.scrollHeight - list.scrollTop - list.clientHeight < 120) requestMoreSessions();
+  },
+  { passive: true },
+);
 els.newSession.addEventListener("click", newSession);
 els.rename.addEventListener("click", renameSession);
 els.reset.addEventListener("click", resetSession);
@@ -709,7 +979,7 @@ document.addEventListener("keydown", (ev) => {
 });
 window.addEventListener("hashchange", () => {
   // A hash that names no valid session (or is malformed) opens the default one.
-  const key = keyFromHash() || state.mainKey;
+  const key = keyFromHash(state.policy) || state.mainKey;
   if (key !== state.currentKey) selectSession(key);
   else scheduleRender(); // puts the open session's key back in the URL
 });
@@ -718,6 +988,14 @@ window.addEventListener("online", () => client.reconnectNow());
 // For tests and debugging: a read-only look at the state.
 Object.defineProperty(window, "agentgate", { value: { get state() { return state; } } });
 
+// Messages that were waiting for the connection when the page was closed go out once, with
+// the same idempotency key (the server answers a resend of one that did go out with its ack).
+for (const item of loadStored("outbox", [])) {
+  if (item && typeof item.key === "string" && typeof item.runId === "string" && typeof item.text === "string") {
+    dispatch({ type: "send/request", key: item.key, runId: item.runId, text: item.text, restored: true });
+  }
+}
+setComposer(state.drafts[state.currentKey] || "");
 render();
 client.start();
 els.composer.focus();

@@ -14,20 +14,49 @@
 export const TERMINAL_PHASES = new Set(["final", "error", "aborted"]);
 export const PENDING_PHASES = new Set(["sending", "queued", "started", "streaming"]);
 const ACTIVE_PHASES = new Set(["started", "streaming"]);
-const KEY_NAME_RE = /^[A-Za-z0-9._:-]{1,200}$/;
+
+/**
+ * What the page must not copy from the server: the message limit and the key patterns.
+ * These defaults hold until `hello-ok.policy` arrives; `policyFrom(hello)` replaces them.
+ */
+export const DEFAULT_POLICY = Object.freeze({
+  maxMessageChars: 32000,
+  keyNameRe: /^[A-Za-z0-9._:-]{1,200}$/,
+  agentIdRe: /^[A-Za-z0-9_-]{1,64}$/,
+});
+
+function patternOr(source, fallback) {
+  if (typeof source !== "string" || !source) return fallback;
+  try {
+    return new RegExp(source);
+  } catch {
+    return fallback; // not a JavaScript pattern: keep the built-in one
+  }
+}
+
+/** The page's policy from a `hello-ok` frame, field by field, falling back to the defaults. */
+export function policyFrom(hello) {
+  const p = (hello && hello.policy) || {};
+  const max = Number(p.maxMessageChars);
+  return {
+    maxMessageChars: Number.isInteger(max) && max > 0 ? max : DEFAULT_POLICY.maxMessageChars,
+    keyNameRe: patternOr(p.sessionKeyNamePattern, DEFAULT_POLICY.keyNameRe),
+    agentIdRe: patternOr(p.agentIdPattern, DEFAULT_POLICY.agentIdRe),
+  };
+}
 
 /** Canonical session key (§3): a bare name means `agent:main:<name>`. Null when invalid. */
-export function canonicalKey(raw, defaultAgent = "main") {
+export function canonicalKey(raw, defaultAgent = "main", policy = DEFAULT_POLICY) {
   if (typeof raw !== "string" || !raw) return null;
   if (raw.startsWith("agent:")) {
     const parts = raw.split(":");
     if (parts.length < 3) return null;
     const agent = parts[1];
     const name = parts.slice(2).join(":");
-    if (!/^[A-Za-z0-9_-]{1,64}$/.test(agent) || !KEY_NAME_RE.test(name)) return null;
+    if (!policy.agentIdRe.test(agent) || !policy.keyNameRe.test(name)) return null;
     return `agent:${agent}:${name}`;
   }
-  return KEY_NAME_RE.test(raw) ? `agent:${defaultAgent}:${raw}` : null;
+  return policy.keyNameRe.test(raw) ? `agent:${defaultAgent}:${raw}` : null;
 }
 
 /** The short name of a session key, for display. */
@@ -41,7 +70,7 @@ export function isSeqGap(lastSeq, seq) {
   return lastSeq > 0 && seq !== lastSeq + 1;
 }
 
-export function initialState({ currentKey = null, mainKey = "agent:main:main" } = {}) {
+export function initialState({ currentKey = null, mainKey = "agent:main:main", drafts = {} } = {}) {
   return {
     tick: 0,
     conn: { status: "connecting", gen: 0, lastSeq: 0, retryInMs: null, user: null, error: null },
@@ -53,7 +82,11 @@ export function initialState({ currentKey = null, mainKey = "agent:main:main" } 
     convs: {}, // key -> conversation (history) of that session
     runs: {}, // `${key}|${runId}` -> run as this page knows it
     order: 0,
-    drafts: {}, // key -> composer text
+    drafts: { ...drafts }, // key -> composer text
+    policy: DEFAULT_POLICY, // limits and patterns, from hello-ok
+    agents: null, // {list: [{id, name, model, backend}], defaultId} from agents.list
+    search: "", // sidebar search (server-side through sessions.list `search`)
+    listNext: null, // {search, offset}: where the next page of the sidebar starts, or null
     notice: null,
     effects: [],
   };
@@ -63,6 +96,34 @@ const runKey = (key, runId) => `${key}|${runId}`;
 
 function emptyConv() {
   return { loaded: false, loading: false, loadingOlder: false, hasMore: false, sessionId: null, messages: [] };
+}
+
+/** Duration and token usage of a finished run (`chat` terminal event or history message), or null. */
+export function detailsOf(source) {
+  if (!source) return null;
+  const details = {};
+  if (Number.isFinite(source.durationMs)) details.durationMs = source.durationMs;
+  const usage = source.usage;
+  if (usage && typeof usage === "object") {
+    if (Number.isFinite(usage.promptTokens)) details.promptTokens = usage.promptTokens;
+    if (Number.isFinite(usage.completionTokens)) details.completionTokens = usage.completionTokens;
+  }
+  return Object.keys(details).length ? details : null;
+}
+
+/** One line for a run's details: "1.2 s · 12 in / 30 out tokens"; "" when nothing is known. */
+export function formatDetails(details) {
+  if (!details) return "";
+  const parts = [];
+  if (details.durationMs != null) {
+    const ms = details.durationMs;
+    parts.push(ms < 1000 ? `${ms} ms` : ms < 60000 ? `${(ms / 1000).toFixed(1)} s` : `${Math.floor(ms / 60000)} min ${Math.round((ms % 60000) / 1000)} s`);
+  }
+  const tokens = [];
+  if (details.promptTokens != null) tokens.push(`${details.promptTokens} in`);
+  if (details.completionTokens != null) tokens.push(`${details.completionTokens} out`);
+  if (tokens.length) parts.push(`${tokens.join(" / ")} tokens`);
+  return parts.join(" · ");
 }
 
 function textOf(message) {
@@ -105,6 +166,7 @@ function newRun(s, key, runId, fields) {
     ackTick: null, // tick at which the server is known to have the run
     settledBy: null, // what made it terminal: event | ack | row | history
     draftRestored: false,
+    details: null, // {durationMs, promptTokens, completionTokens} once finished
     order: s.order,
     ...fields,
   };
@@ -292,7 +354,7 @@ function onChat(s, p) {
       putRun(s, r);
       return;
     case "final":
-      settle(s, r, "final", { text: text != null ? text : r.text, stopReason: p.stopReason || "stop", rejected: false, error: null }, "event");
+      settle(s, r, "final", { text: text != null ? text : r.text, stopReason: p.stopReason || "stop", rejected: false, error: null, details: detailsOf(p) }, "event");
       return;
     case "error":
       settle(
@@ -304,12 +366,13 @@ function onChat(s, p) {
           error: p.errorMessage || "The run failed.",
           errorKind: p.errorKind || "unknown",
           rejected: (r.rejected || neverStarted) && !text,
+          details: detailsOf(p),
         },
         "event",
       );
       return;
     case "aborted":
-      settle(s, r, "aborted", { text: text != null ? text : r.text, stopReason: p.stopReason || "rpc", rejected: false }, "event");
+      settle(s, r, "aborted", { text: text != null ? text : r.text, stopReason: p.stopReason || "rpc", rejected: false, details: detailsOf(p) }, "event");
       return;
     default:
       putRun(s, r);
@@ -531,6 +594,7 @@ export function reduce(state, action) {
         user: (hello.auth && hello.auth.user) || s.conn.user,
       };
       if (defaults.mainSessionKey) s.mainKey = defaults.mainSessionKey;
+      s.policy = policyFrom(hello);
       if (s.notice && s.notice.kind === "conn") s.notice = null;
       // Resync (§9): rows, then the open conversation; unsent messages go out after that.
       effect(s, { type: "list" });
@@ -558,7 +622,7 @@ export function reduce(state, action) {
       return s;
     }
     case "session/select": {
-      const key = canonicalKey(action.key) || s.mainKey;
+      const key = canonicalKey(action.key, "main", s.policy) || s.mainKey;
       s.currentKey = key;
       effect(s, { type: "history", key });
       effect(s, { type: "draft", key });
@@ -574,7 +638,12 @@ export function reduce(state, action) {
       const payload = action.payload || {};
       const incoming = Array.isArray(payload.sessions) ? payload.sessions : [];
       const listed = new Set(incoming.map((r) => r.key));
-      if (!payload.hasMore && !(payload.offset > 0)) {
+      const search = action.search || "";
+      if (search === s.search) {
+        const next = payload.hasMore && payload.nextOffset != null ? payload.nextOffset : null;
+        s.listNext = next == null ? null : { search, offset: next };
+      }
+      if (!search && !payload.hasMore && !(payload.offset > 0 || action.offset > 0)) {
         const rows = {};
         for (const [key, row] of Object.entries(s.rows)) {
           if (listed.has(key) || row._seen > action.token) rows[key] = row; // arrived after the request
@@ -601,15 +670,28 @@ export function reduce(state, action) {
       }
       return s;
     }
+    case "search/set":
+      s.search = String(action.text || "").trim();
+      s.listNext = null;
+      effect(s, { type: "list" });
+      return s;
+    case "agents/loaded": {
+      const payload = action.payload || {};
+      const list = (Array.isArray(payload.agents) ? payload.agents : []).filter((a) => a && typeof a.id === "string");
+      s.agents = { list, defaultId: payload.defaultId || "main" };
+      return s;
+    }
     case "draft/set":
       s.drafts = { ...s.drafts, [action.key]: action.text };
       return s;
     case "send/request": {
-      const key = canonicalKey(action.key) || s.currentKey;
+      const key = canonicalKey(action.key, "main", s.policy) || s.currentKey;
       if (s.runs[runKey(key, action.runId)]) return s;
       putRun(s, newRun(s, key, action.runId, { phase: "sending", userText: action.text, own: true }));
-      s.drafts = { ...s.drafts, [key]: "" };
-      effect(s, { type: "draft", key });
+      if (!action.restored && !action.keepDraft) {
+        s.drafts = { ...s.drafts, [key]: "" };
+        effect(s, { type: "draft", key });
+      }
       effect(s, { type: "flush" });
       return s;
     }
@@ -706,7 +788,9 @@ export function activity(state, key) {
  * even before they exist on the server, so there is always a way back to them.
  */
 export function sessionList(state) {
-  const rows = sortedRows(state);
+  const needle = (state.search || "").toLowerCase();
+  const matches = (key, label) => !needle || key.toLowerCase().includes(needle) || (label || "").toLowerCase().includes(needle);
+  const rows = sortedRows(state).filter((row) => matches(row.key, row.label));
   const items = rows.map((row) => ({
     key: row.key,
     label: row.label || shortName(row.key),
@@ -716,7 +800,9 @@ export function sessionList(state) {
     current: row.key === state.currentKey,
     updatedAt: row.updatedAt || null,
   }));
-  const placeholders = [...new Set([state.currentKey, state.mainKey])].filter((key) => key && !state.rows[key]);
+  const placeholders = [...new Set([state.currentKey, state.mainKey])].filter(
+    (key) => key && !state.rows[key] && matches(key, shortName(key)),
+  );
   items.unshift(
     ...placeholders.map((key) => ({
       key,
@@ -732,7 +818,7 @@ export function sessionList(state) {
 }
 
 function assistantFromRun(run, inTranscript = false) {
-  const base = { id: `a:${run.id}`, role: "assistant", runId: run.id, text: run.text || "" };
+  const base = { id: `a:${run.id}`, role: "assistant", runId: run.id, text: run.text || "", details: run.details || null };
   switch (run.phase) {
     case "started":
     case "streaming":
@@ -743,7 +829,7 @@ function assistantFromRun(run, inTranscript = false) {
       return { ...base, state: "aborted", meta: stopLabel(run.stopReason) };
     case "error":
       if (run.rejected && !inTranscript) return null; // shown on the user's message instead
-      return { ...base, state: "error", error: run.error || "The run failed." };
+      return { ...base, state: "error", error: run.error || "The run failed.", errorKind: run.errorKind || null };
     default:
       return null;
   }
@@ -774,7 +860,7 @@ function userFromRun(run) {
   if (run.phase === "sending") return { ...base, state: "sending" };
   if (run.phase === "queued") return { ...base, state: "queued", position: run.position };
   if (run.phase === "error" && run.rejected) {
-    return { ...base, state: "error", error: run.error, unconfirmed: run.errorKind === "unconfirmed" };
+    return { ...base, state: "error", error: run.error, errorKind: run.errorKind || null, unconfirmed: run.errorKind === "unconfirmed" };
   }
   return { ...base, state: "final" };
 }
@@ -799,14 +885,22 @@ export function conversation(state, key) {
         const live = run ? assistantFromRun(run, true) : null;
         if (live) items.push(live);
         else if (!run && row && row.lastRunId === m.runId && !row.hasActiveRun && (row.status === "failed" || row.status === "timeout")) {
-          items.push({ id: `a:${m.runId}`, role: "assistant", runId: m.runId, text: "", state: "error", error: row.lastRunError || `The run ended: ${row.status}.` });
+          items.push({ id: `a:${m.runId}`, role: "assistant", runId: m.runId, text: "", state: "error", error: row.lastRunError || `The run ended: ${row.status}.`, errorKind: row.status });
         }
       }
     } else {
-      const item = { id: m.runId ? `a:${m.runId}` : `m:${m.id}`, role: m.role, runId: m.runId || null, text, state: m.aborted ? "aborted" : "final" };
+      const item = {
+        id: m.runId ? `a:${m.runId}` : `m:${m.id}`,
+        role: m.role,
+        runId: m.runId || null,
+        text,
+        state: m.aborted ? "aborted" : "final",
+        details: detailsOf(m) || (run && run.details) || null,
+      };
       if (run && run.phase === "error" && !run.rejected) {
         item.state = "error";
         item.error = run.error;
+        item.errorKind = run.errorKind || null;
       } else if (m.aborted) {
         item.meta = run && run.phase === "aborted" ? stopLabel(run.stopReason) : "Stopped";
       }
@@ -821,4 +915,66 @@ export function conversation(state, key) {
     if (reply) items.push(reply);
   }
   return items;
+}
+
+// --- message actions -------------------------------------------------------------------------------
+
+/** The user's text of run `runId` in this conversation (history or this page), or null. */
+function userTextOf(state, key, items, runId) {
+  if (!runId) return null;
+  const item = items.find((i) => i.role === "user" && i.runId === runId);
+  if (item) return item.text;
+  const run = state.runs[runKey(key, runId)];
+  return run && run.userText != null ? run.userText : null;
+}
+
+/**
+ * What Retry would send again for session `key`: the last reply's user text, when that reply
+ * (or a send refused by its ack) is the last item and has ended. `enabled` is false while a run
+ * of the session is active, queued or being sent: a retry goes through chat.send like any
+ * message, and never beside a running reply. Null when there is nothing to retry.
+ */
+export function retryTarget(state, key, items = conversation(state, key)) {
+  const last = items[items.length - 1];
+  if (!last || !last.runId) return null;
+  const retryable =
+    (last.role === "assistant" && (last.state === "final" || last.state === "error" || last.state === "aborted")) ||
+    (last.role === "user" && last.state === "error" && !last.unconfirmed);
+  if (!retryable) return null;
+  const text = userTextOf(state, key, items, last.runId);
+  if (text == null || !text.trim() || inlineCommand(text)) return null;
+  const act = activity(state, key);
+  return { itemId: last.id, runId: last.runId, text, enabled: !act.active && !act.pending && act.queued === 0 };
+}
+
+/** The last user message of session `key` that Edit may put back in the composer, or null. */
+export function editTarget(state, key, items = conversation(state, key)) {
+  for (let i = items.length - 1; i >= 0; i -= 1) {
+    const item = items[i];
+    if (item.role !== "user") continue;
+    if (item.state === "sending" || item.state === "queued") return null;
+    return { itemId: item.id, runId: item.runId, text: item.text };
+  }
+  return null;
+}
+
+// --- offline outbox ----------------------------------------------------------------------------------
+
+/**
+ * The sends that must survive a reload: this page's runs that no ack has answered yet, in
+ * send order. The page stores them; on load it puts them back with `send/request` (same
+ * idempotency key, `restored: true`), so each goes out once when the socket is back.
+ */
+export function storedOutbox(state) {
+  return Object.values(state.runs)
+    .filter((r) => r.own && r.phase === "sending" && r.userText != null)
+    .sort((a, b) => a.order - b.order)
+    .map((r) => ({ key: r.key, runId: r.id, text: r.userText }));
+}
+
+/** The drafts worth keeping across a reload (non-empty ones). */
+export function storedDrafts(state) {
+  const out = {};
+  for (const [key, text] of Object.entries(state.drafts)) if (typeof text === "string" && text.trim()) out[key] = text;
+  return out;
 }

@@ -24,7 +24,8 @@ async def test_hello_ok_shape(alice):
     assert hello["snapshot"]["sessionDefaults"]["mainSessionKey"] == "agent:main:main"
     assert hello["policy"] == {
         "maxPayload": 1048576, "maxBufferedBytes": 8388608, "tickIntervalMs": 30000, "maxMessageChars": 32000,
-        "sessionKeyPattern": "^[A-Za-z0-9._:-]{1,200}$", "idempotencyKeyPattern": "^[A-Za-z0-9._:-]{1,128}$",
+        "sessionKeyNamePattern": "^[A-Za-z0-9._:-]{1,200}$", "agentIdPattern": "^[A-Za-z0-9_-]{1,64}$",
+        "idempotencyKeyPattern": "^[A-Za-z0-9._:-]{1,128}$",
     }
     assert "chat.send" in hello["features"]["methods"] and "sessions.changed" in hello["features"]["events"]
     assert c.events[0]["seq"] == 1 and set(c.events[0]["payload"]) == {"nonce", "ts"}

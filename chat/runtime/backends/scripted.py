@@ -10,7 +10,7 @@ from typing import Any
 
 from .base import AgentBackend, BackendError, DispatchError, RunContext
 
-DIRECTIVE_RE = re.compile(r"\[\[(delay|tick|words|fail|hang)(?::([A-Za-z0-9]+))?\]\]")
+DIRECTIVE_RE = re.compile(r"\[\[(delay|tick|words|fail|hang|verbatim)(?::([A-Za-z0-9]+))?\]\]")
 
 
 @dataclass
@@ -21,6 +21,7 @@ class Script:
     words: int | None = None
     fail: str | None = None
     hang: bool = False
+    verbatim: bool = False  # keep the text's line breaks and spacing (Markdown demos)
 
 
 def parse_script(message: str) -> Script:
@@ -37,12 +38,23 @@ def parse_script(message: str) -> Script:
             script.fail = arg
         elif name == "hang":
             script.hang = True
-    script.text = " ".join(DIRECTIVE_RE.sub(" ", message).split())
+        elif name == "verbatim":
+            script.verbatim = True
+    if script.verbatim:
+        script.text = DIRECTIVE_RE.sub("", message).strip()
+    else:
+        script.text = " ".join(DIRECTIVE_RE.sub(" ", message).split())
     return script
 
 
 def reply_words(script: Script, attachments: list[dict[str, Any]]) -> list[str]:
-    """The reply `echo: <text>` as the chunks streamed, one word each."""
+    """The reply `echo: <text>` as the chunks streamed, one word each.
+
+    With `[[verbatim]]` the reply is `echo:`, a blank line, then the text exactly as sent
+    (each chunk a word with the whitespace before it), so Markdown in it stays Markdown.
+    """
+    if script.verbatim and script.words is None:
+        return ["echo:\n\n", *re.findall(r"\s*\S+", script.text)]
     body = [f"word{i + 1}" for i in range(script.words)] if script.words is not None else script.text.split()
     if attachments:
         body.append(f"(+{len(attachments)} attachment{'s' if len(attachments) > 1 else ''})")
@@ -68,7 +80,8 @@ class ScriptedBackend(AgentBackend):
     async def _stream(self, script: Script, ctx: RunContext) -> AsyncIterator[str]:
         if script.hang:
             await asyncio.Event().wait()  # never produces output; abort or timeout ends it
-        for i, word in enumerate(reply_words(script, ctx.attachments)):
+        chunks = reply_words(script, ctx.attachments)
+        for i, word in enumerate(chunks):
             if i:
                 await asyncio.sleep(script.tick_ms / 1000)
             yield word
@@ -76,3 +89,5 @@ class ScriptedBackend(AgentBackend):
                 raise BackendError("scripted agent failed mid-stream ([[fail:stream]])", kind="backend")
         if script.fail == "stream":
             raise BackendError("scripted agent failed mid-stream ([[fail:stream]])", kind="backend")
+        # Word counts stand in for token usage, so clients can show it.
+        ctx.usage = {"prompt_tokens": len(ctx.message.split()), "completion_tokens": len(chunks)}

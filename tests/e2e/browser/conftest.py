@@ -16,7 +16,9 @@ import pytest
 
 from .server import CHROMIUM, CHROMIUM_ARGS, PASSWORD, GatewayServer
 
-USERS = 40
+USERS = 60
+# A second agent, so the page offers a choice of agent for a new chat.
+AGENTS_ENV = {"GATEWAY_AGENTS": '{"helper": {"backend": "scripted", "model": "scripted-helper", "name": "Helper"}}'}
 _user_numbers = itertools.count(1)
 
 
@@ -40,7 +42,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def gateway_server() -> Iterator[GatewayServer]:
     """One server for the whole browser suite (DEBUG off, temporary SQLite, users user1..userN)."""
-    server = GatewayServer(users=USERS)
+    server = GatewayServer(users=USERS, extra_env=AGENTS_ENV)
     try:
         server.prepare()
         server.start()

@@ -1,4 +1,4 @@
-"""Make docs/screenshots/chat-*.png: the chat page at desktop and phone width.
+"""Make docs/screenshots/chat-*.png: the chat page at desktop and phone width, light and dark.
 
 Run: `.venv/bin/python -m tests.e2e.browser.make_screenshots` (needs /usr/bin/chromium).
 It starts its own server on a temporary database, fills a few sessions through
@@ -13,7 +13,7 @@ from typing import Any
 
 from playwright.sync_api import expect, sync_playwright
 
-from .conftest import login
+from .conftest import AGENTS_ENV, login
 from .server import CHROMIUM, CHROMIUM_ARGS, ROOT, GatewayServer
 
 OUT = ROOT / "docs" / "screenshots"
@@ -51,9 +51,13 @@ def fill_sessions(page: Any) -> None:
     page.locator('[data-testid="session-row"][data-key="agent:main:main"]').click()
     send(page, "Hi! What can you do?")
     expect(last_final(page)).to_have_text("echo: Hi! What can you do?")
-    send(page, "Give me a short plan for the week.\nKeep it to three points.")
-    expect(last_final(page)).to_contain_text("three points")
-    send(page, "Now write the long version [[words:90]] [[tick:160]]")
+    send(
+        page,
+        "[[verbatim]] A short plan for the week:\n\n| day | task |\n|---|---|\n| Mon | review |\n| Tue | ship |\n\n"
+        "```python\ndef ship(release: str) -> bool:\n    return deploy(release)  # on Tuesday\n```",
+    )
+    expect(last_final(page).locator("pre code.hljs")).to_have_count(1)
+    send(page, "Now write the long version [[words:150]] [[tick:160]]")
     expect(page.locator('[data-testid="message"][data-state="streaming"]')).to_contain_text("word12")
     send(page, "And a summary for the team afterwards")
     expect(page.locator('[data-testid="message"][data-state="queued"]')).to_have_count(1)
@@ -61,7 +65,7 @@ def fill_sessions(page: Any) -> None:
 
 def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
-    server = GatewayServer(users=1)
+    server = GatewayServer(users=1, extra_env=AGENTS_ENV)
     try:
         server.prepare()
         server.start()
@@ -73,6 +77,11 @@ def main() -> None:
             fill_sessions(page)
             page.mouse.move(0, 0)
             page.screenshot(path=str(OUT / "chat-desktop.png"))
+            dark = browser.new_context(viewport={"width": 1280, "height": 800}, color_scheme="dark")
+            dark_page = dark.new_page()
+            login(dark_page, server.base_url, "user1")
+            expect(dark_page.locator('[data-testid="message"][data-state="streaming"]')).to_contain_text("word20")
+            dark_page.screenshot(path=str(OUT / "chat-desktop-dark.png"))
 
             phone = browser.new_context(
                 viewport={"width": 390, "height": 844},
@@ -88,10 +97,28 @@ def main() -> None:
             small.get_by_test_id("toggle-sidebar").click()
             small.wait_for_timeout(400)  # the slide-in transition
             small.screenshot(path=str(OUT / "chat-phone-sessions.png"))
+            phone_dark = browser.new_context(
+                viewport={"width": 390, "height": 844},
+                device_scale_factor=2,
+                is_mobile=True,
+                has_touch=True,
+                color_scheme="dark",
+            )
+            small_dark = phone_dark.new_page()
+            login(small_dark, server.base_url, "user1")
+            expect(small_dark.locator('[data-testid="message"][data-state="streaming"]')).to_contain_text("word40")
+            small_dark.screenshot(path=str(OUT / "chat-phone-dark.png"))
             browser.close()
     finally:
         server.cleanup()
-    for name in ("chat-desktop.png", "chat-phone.png", "chat-phone-sessions.png"):
+    names = (
+        "chat-desktop.png",
+        "chat-desktop-dark.png",
+        "chat-phone.png",
+        "chat-phone-sessions.png",
+        "chat-phone-dark.png",
+    )
+    for name in names:
         path: Path = OUT / name
         print(f"wrote {path.relative_to(ROOT)} ({path.stat().st_size // 1024} KiB)")
 

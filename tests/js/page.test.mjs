@@ -1,0 +1,243 @@
+// Unit tests of the state module's page features: policy from hello-ok, run details, message
+// actions (retry, edit), sidebar search and paging, the offline outbox and drafts.
+
+import assert from "node:assert/strict";
+import { describe, test } from "node:test";
+
+import {
+  DEFAULT_POLICY,
+  canonicalKey,
+  conversation,
+  detailsOf,
+  editTarget,
+  formatDetails,
+  initialState,
+  policyFrom,
+  reduce,
+  retryTarget,
+  sessionList,
+  storedDrafts,
+  storedOutbox,
+} from "../../static/chat/state.js";
+
+const KEY = "agent:main:main";
+const GEN = "11111111-1111-1111-1111-111111111111";
+
+function run(state, actions) {
+  let s = state;
+  for (const a of actions) s = reduce(s, a);
+  return s;
+}
+
+function online(policy = {}) {
+  return run(initialState(), [
+    { type: "conn/open" },
+    { type: "conn/ready", hello: { auth: { user: "alice" }, policy, snapshot: { sessionDefaults: { mainSessionKey: KEY } } } },
+  ]);
+}
+
+function chatEvent(s, payload) {
+  const frame = { type: "event", event: "chat", payload: { sessionKey: KEY, sessionId: GEN, ...payload }, seq: s.conn.lastSeq + 1 };
+  return reduce(s, { type: "event", frame });
+}
+
+function ack(s, runId, status, extra = {}) {
+  const response = { type: "res", id: "x", ok: status !== "error", payload: { runId, status, sessionKey: KEY, sessionId: GEN, ...extra } };
+  return reduce(s, { type: "send/ack", key: KEY, runId, response });
+}
+
+function finished(s, runId, text, extra = {}) {
+  let t = reduce(s, { type: "send/request", key: KEY, runId, text });
+  t = ack(t, runId, "started");
+  return chatEvent(t, { runId, seq: 1, state: "final", message: { role: "assistant", content: [{ type: "text", text: `echo: ${text}` }] }, ...extra });
+}
+
+function row(fields = {}) {
+  return { key: KEY, sessionId: GEN, agentId: "main", label: "", status: null, hasActiveRun: false, activeRunIds: [], queuedRunIds: [], version: 1, createdAt: 1, updatedAt: 1, ...fields };
+}
+
+describe("policy from hello-ok", () => {
+  test("defaults until hello-ok, then the server's values", () => {
+    assert.equal(initialState().policy.maxMessageChars, 32000);
+    const s = online({ maxMessageChars: 500, sessionKeyNamePattern: "^[a-z]{1,5}$", agentIdPattern: "^[a-z]{1,3}$" });
+    assert.equal(s.policy.maxMessageChars, 500);
+    assert.equal(canonicalKey("abc", "main", s.policy), "agent:main:abc");
+    assert.equal(canonicalKey("abcdef", "main", s.policy), null);
+    assert.equal(canonicalKey("agent:ops:x", "main", s.policy), "agent:ops:x");
+    assert.equal(canonicalKey("agent:toolong:x", "main", s.policy), null);
+  });
+
+  test("a missing or unusable field keeps the built-in value", () => {
+    const p = policyFrom({ policy: { maxMessageChars: -1, sessionKeyNamePattern: "([", agentIdPattern: 3 } });
+    assert.equal(p.maxMessageChars, DEFAULT_POLICY.maxMessageChars);
+    assert.equal(p.keyNameRe, DEFAULT_POLICY.keyNameRe);
+    assert.equal(p.agentIdRe, DEFAULT_POLICY.agentIdRe);
+    assert.deepEqual(policyFrom(null), { ...DEFAULT_POLICY });
+  });
+
+  test("session/select validates with the server's pattern", () => {
+    const s = online({ sessionKeyNamePattern: "^[a-z]+$" });
+    assert.equal(reduce(s, { type: "session/select", key: "Work" }).currentKey, KEY);
+    assert.equal(reduce(s, { type: "session/select", key: "work" }).currentKey, "agent:main:work");
+  });
+});
+
+describe("run details", () => {
+  test("detailsOf and formatDetails", () => {
+    assert.equal(detailsOf({}), null);
+    assert.deepEqual(detailsOf({ durationMs: 1234, usage: { promptTokens: 3, completionTokens: 4 } }), {
+      durationMs: 1234,
+      promptTokens: 3,
+      completionTokens: 4,
+    });
+    assert.equal(formatDetails({ durationMs: 1234, promptTokens: 3, completionTokens: 4 }), "1.2 s · 3 in / 4 out tokens");
+    assert.equal(formatDetails({ durationMs: 80 }), "80 ms");
+    assert.equal(formatDetails({ durationMs: 125000 }), "2 min 5 s");
+    assert.equal(formatDetails({ completionTokens: 9 }), "9 out tokens");
+    assert.equal(formatDetails(null), "");
+  });
+
+  test("the final event's details reach the reply; history messages carry their own", () => {
+    let s = finished(online(), "r1", "hi", { durationMs: 900, usage: { promptTokens: 1, completionTokens: 2 } });
+    const reply = conversation(s, KEY).find((i) => i.role === "assistant");
+    assert.deepEqual(reply.details, { durationMs: 900, promptTokens: 1, completionTokens: 2 });
+    s = reduce(s, {
+      type: "history/loaded",
+      key: KEY,
+      token: s.tick,
+      payload: {
+        sessionKey: KEY,
+        sessionId: GEN,
+        hasMore: false,
+        queuedRuns: [],
+        messages: [
+          { id: "1", role: "user", content: [{ type: "text", text: "hi" }], runId: "r1" },
+          { id: "2", role: "assistant", content: [{ type: "text", text: "echo: hi" }], runId: "r1", durationMs: 950, usage: { completionTokens: 2 } },
+        ],
+      },
+    });
+    const fromHistory = conversation(s, KEY).find((i) => i.role === "assistant");
+    assert.deepEqual(fromHistory.details, { durationMs: 950, completionTokens: 2 });
+  });
+
+  test("an error item carries its kind", () => {
+    let s = reduce(online(), { type: "send/request", key: KEY, runId: "e1", text: "x" });
+    s = ack(s, "e1", "started");
+    s = chatEvent(s, { runId: "e1", seq: 1, state: "status", phase: "running" });
+    s = chatEvent(s, { runId: "e1", seq: 2, state: "error", errorKind: "dispatch", errorMessage: "nope" });
+    const reply = conversation(s, KEY).find((i) => i.role === "assistant");
+    assert.equal(reply.errorKind, "dispatch");
+    assert.equal(reply.error, "nope");
+  });
+});
+
+describe("message actions", () => {
+  test("retry: the last finished reply's user text, enabled only when the session is idle", () => {
+    let s = finished(online(), "r1", "question");
+    const target = retryTarget(s, KEY);
+    assert.deepEqual(target, { itemId: "a:r1", runId: "r1", text: "question", enabled: true });
+    s = reduce(s, { type: "send/request", key: KEY, runId: "r2", text: "next" });
+    assert.equal(retryTarget(s, KEY), null); // the last item is the pending send
+    s = ack(s, "r2", "started");
+    assert.equal(retryTarget(s, KEY), null); // streaming
+  });
+
+  test("retry is disabled while another run of the session is active", () => {
+    let s = finished(online(), "r1", "question");
+    s = run(s, [{ type: "session/row", row: row({ hasActiveRun: true, activeRunIds: ["other"], status: "running", version: 2 }) }]);
+    assert.equal(retryTarget(s, KEY).enabled, false);
+  });
+
+  test("retry of a stopped or failed reply and of a refused send; never of a command", () => {
+    let s = reduce(online(), { type: "send/request", key: KEY, runId: "k1", text: "stop me" });
+    s = ack(s, "k1", "started");
+    s = chatEvent(s, { runId: "k1", seq: 1, state: "aborted", stopReason: "rpc" });
+    assert.equal(retryTarget(s, KEY).text, "stop me");
+    s = reduce(s, { type: "send/request", key: KEY, runId: "f1", text: "refused" });
+    s = reduce(s, { type: "send/ack", key: KEY, runId: "f1", response: { ok: false, error: { code: "UNAVAILABLE", message: "no" }, payload: { runId: "f1", status: "error", summary: "no" } } });
+    const refused = retryTarget(s, KEY);
+    assert.equal(refused.itemId, "u:f1");
+    assert.equal(refused.text, "refused");
+    s = finished(s, "c1", "/new");
+    assert.equal(retryTarget(s, KEY), null);
+  });
+
+  test("edit: the last user message, not while it is still being sent", () => {
+    let s = finished(online(), "r1", "first");
+    s = finished(s, "r2", "second");
+    assert.deepEqual(editTarget(s, KEY), { itemId: "u:r2", runId: "r2", text: "second" });
+    s = reduce(s, { type: "send/request", key: KEY, runId: "r3", text: "third" });
+    assert.equal(editTarget(s, KEY), null);
+  });
+
+  test("a retry keeps the composer's draft when asked to", () => {
+    let s = finished(online(), "r1", "question");
+    s = reduce(s, { type: "draft/set", key: KEY, text: "typing" });
+    s = reduce(s, { type: "send/request", key: KEY, runId: "r2", text: "question", keepDraft: true });
+    assert.equal(s.drafts[KEY], "typing");
+  });
+});
+
+describe("sidebar search and paging", () => {
+  const rows = [row({ key: "agent:main:alpha", label: "Shopping", updatedAt: 3 }), row({ key: "agent:main:beta", label: "Work", updatedAt: 2 })];
+
+  test("search filters by key or label, case-insensitively, and asks the server", () => {
+    let s = reduce(online(), { type: "list/loaded", token: 0, search: "", offset: 0, payload: { sessions: rows, hasMore: false } });
+    s = reduce(s, { type: "search/set", text: "  SHOP " });
+    assert.equal(s.search, "SHOP");
+    assert.ok(s.effects.some((e) => e.type === "list"));
+    assert.deepEqual(sessionList(s).map((i) => i.key), ["agent:main:alpha"]);
+    s = reduce(s, { type: "search/set", text: "beta" });
+    assert.deepEqual(sessionList(s).map((i) => i.key), ["agent:main:beta"]);
+  });
+
+  test("a search result never prunes rows; a complete unsearched list does", () => {
+    let s = reduce(online(), { type: "list/loaded", token: 0, search: "", offset: 0, payload: { sessions: rows, hasMore: false } });
+    s = reduce(s, { type: "search/set", text: "shop" });
+    s = reduce(s, { type: "list/loaded", token: s.tick, search: "shop", offset: 0, payload: { sessions: [rows[0]], hasMore: false } });
+    assert.ok(s.rows["agent:main:beta"]);
+    s = reduce(s, { type: "search/set", text: "" });
+    s = reduce(s, { type: "list/loaded", token: s.tick, search: "", offset: 0, payload: { sessions: [rows[0]], hasMore: false } });
+    assert.equal(s.rows["agent:main:beta"], undefined);
+  });
+
+  test("listNext follows nextOffset for the current search; later pages never prune", () => {
+    let s = reduce(online(), { type: "list/loaded", token: 0, search: "", offset: 0, payload: { sessions: [rows[0]], hasMore: true, nextOffset: 1 } });
+    assert.deepEqual(s.listNext, { search: "", offset: 1 });
+    s = reduce(s, { type: "list/loaded", token: s.tick, search: "", offset: 1, payload: { sessions: [rows[1]], hasMore: false, nextOffset: null } });
+    assert.equal(s.listNext, null);
+    assert.ok(s.rows["agent:main:alpha"] && s.rows["agent:main:beta"]);
+    // A page of an older search does not move the current one's paging.
+    s = reduce(s, { type: "search/set", text: "x" });
+    s = reduce(s, { type: "list/loaded", token: s.tick, search: "old", offset: 0, payload: { sessions: [], hasMore: true, nextOffset: 200 } });
+    assert.equal(s.listNext, null);
+  });
+});
+
+describe("offline outbox and drafts", () => {
+  test("unacked sends are stored, and leave once their ack arrives", () => {
+    let s = run(initialState(), [
+      { type: "send/request", key: KEY, runId: "w1", text: "one" },
+      { type: "send/request", key: KEY, runId: "w2", text: "two" },
+    ]);
+    assert.deepEqual(storedOutbox(s), [
+      { key: KEY, runId: "w1", text: "one" },
+      { key: KEY, runId: "w2", text: "two" },
+    ]);
+    s = run(s, [{ type: "conn/open" }, { type: "conn/ready", hello: {} }]);
+    s = reduce(s, { type: "send/sent", key: KEY, runId: "w1", gen: s.conn.gen });
+    assert.equal(storedOutbox(s).length, 2); // sent, but not answered yet
+    s = ack(s, "w1", "started");
+    assert.deepEqual(storedOutbox(s), [{ key: KEY, runId: "w2", text: "two" }]);
+  });
+
+  test("a restored send keeps its key and does not clear the draft", () => {
+    let s = initialState({ drafts: { [KEY]: "half a thought" } });
+    s = reduce(s, { type: "send/request", key: KEY, runId: "w1", text: "stored", restored: true });
+    assert.equal(s.drafts[KEY], "half a thought");
+    assert.equal(s.runs[`${KEY}|w1`].id, "w1");
+    assert.deepEqual(storedDrafts(s), { [KEY]: "half a thought" });
+    s = reduce(s, { type: "draft/set", key: KEY, text: "  " });
+    assert.deepEqual(storedDrafts(s), {});
+  });
+});
