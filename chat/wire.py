@@ -103,6 +103,8 @@ def session_row(session: ChatSession, queued: Sequence[str]) -> dict[str, Any]:
 
 def session_rows(sessions: Sequence[ChatSession]) -> list[dict[str, Any]]:
     """Rows for many sessions (read with their runs) with one more query, whatever their number."""
+    if len(sessions) == 1:  # the common case: one statement compiled once
+        return [session_row(sessions[0], queries.queued_run_ids(sessions[0].pk))]
     queued = selectors.queued_run_ids([s.pk for s in sessions]) if sessions else {}
     return [session_row(s, queued.get(s.pk, ())) for s in sessions]
 

@@ -111,6 +111,81 @@ def run(where: str, params: Sequence[Any], *, with_session: bool = False) -> Run
     return found
 
 
+@cache
+def _runs_sql(where: str, vendor: str) -> str:
+    return f"SELECT {_shapes(vendor)[1].columns} FROM {_table(Run)} r WHERE {where}"
+
+
+def runs(where: str, params: Sequence[Any]) -> list[Run]:
+    """Runs (alias `r`) matching `where`, which may end with an ORDER BY."""
+    with connection.cursor() as cursor:
+        cursor.execute(_runs_sql(where, connection.vendor), params)
+        rows = cursor.fetchall()
+    shape = _shapes(connection.vendor)[1]
+    return [shape.make(row) for row in rows]  # type: ignore[misc]
+
+
+def queued_run_ids(session_pk: int) -> list[str]:
+    """The session's queued runIds, oldest first."""
+    with connection.cursor() as cursor:
+        cursor.execute(_queued_ids_sql(), [session_pk, "queued"])
+        return [row[0] for row in cursor.fetchall()]
+
+
+@cache
+def _queued_ids_sql() -> str:
+    return f"SELECT run_id FROM {_table(Run)} WHERE session_id = %s AND state = %s ORDER BY queue_seq, id"
+
+
+def next_queue_seq(session_pk: int) -> int:
+    """One past the session's highest queue position."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT COALESCE(MAX(queue_seq), 0) + 1 FROM {_table(Run)} WHERE session_id = %s", [session_pk])
+        return int(cursor.fetchone()[0])  # type: ignore[index]
+
+
+# --- writes: the same statements the ORM would issue, without building them each time -------------
+
+
+@cache
+def _insert_sql(model: type[Model], vendor: str) -> tuple[str, tuple[Field[Any, Any], ...]]:
+    fields = tuple(f for f in model._meta.concrete_fields if not f.primary_key)
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(str(f.column)) for f in fields)
+    marks = ", ".join(["%s"] * len(fields))
+    pk = quote(str(model._meta.pk.column))  # type: ignore[union-attr]
+    return f"INSERT INTO {_table(model)} ({columns}) VALUES ({marks}) RETURNING {pk}", fields  # type: ignore[return-value]
+
+
+def insert(instance: M) -> M:
+    """Insert a new instance (defaults and auto_now_add filled as `save()` would); set its pk."""
+    sql, fields = _insert_sql(type(instance), connection.vendor)
+    params = [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        instance.pk = cursor.fetchone()[0]  # type: ignore[index]
+    instance._state.adding = False
+    instance._state.db = connection.alias
+    return instance
+
+
+@cache
+def _update_sql(model: type[Model], names: tuple[str, ...], vendor: str) -> tuple[str, tuple[Field[Any, Any], ...]]:
+    fields = tuple(model._meta.get_field(name) for name in names)
+    quote = connection.ops.quote_name
+    sets = ", ".join(f"{quote(str(f.column))} = %s" for f in fields)  # type: ignore[union-attr]
+    pk = quote(str(model._meta.pk.column))  # type: ignore[union-attr]
+    return f"UPDATE {_table(model)} SET {sets} WHERE {pk} = %s", fields  # type: ignore[return-value]
+
+
+def update(instance: Model, *names: str) -> None:
+    """`instance.save(update_fields=names)` in one precompiled statement."""
+    sql, fields = _update_sql(type(instance), tuple(dict.fromkeys(names)), connection.vendor)
+    params = [f.get_db_prep_save(f.pre_save(instance, False), connection) for f in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, instance.pk])
+
+
 def run_id_of(session: ChatSession, relation: str) -> str | None:
     """The runId of the session's `active_run` or `last_run`: known, read with the row, or looked up."""
     if getattr(session, f"{relation}_id") is None:

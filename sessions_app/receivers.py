@@ -8,7 +8,7 @@ from typing import Any
 from django.db.models.signals import post_delete
 from django.dispatch import receiver
 
-from . import audit
+from . import audit, queries
 from .models import TERMINAL_STATES, Actor, ChatSession, LifecycleEvent, Run, SessionTombstone
 from .signals import run_transitioned, session_changed
 
@@ -26,10 +26,10 @@ def record_run_transition(
     sender: Any, run: Run, session: ChatSession, from_state: str, to_state: str, reason: str, actor: str,
     **kwargs: Any,
 ) -> None:
-    LifecycleEvent.objects.create(
+    queries.insert(LifecycleEvent(
         session=session, run=run, from_state=from_state, to_state=to_state, reason=reason, actor=actor,
         detail=run.error_message if to_state in TERMINAL_STATES else "", **_who(actor),
-    )
+    ))
 
 
 @receiver(session_changed, dispatch_uid="sessions_app-audit-session")

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Max
 from django.utils import timezone
 
 from .. import queries, signals
@@ -96,7 +95,7 @@ def save_row(session: ChatSession, *fields: str) -> None:
     """Persist changed row fields and bump `version` (one step per committed change)."""
     session.version += 1
     session.updated_at = timezone.now()
-    session.save(update_fields=[*fields, "version", "updated_at"])
+    queries.update(session, *fields, "version", "updated_at")
 
 
 def row_changed(session: ChatSession, *, reason: str, actor: str, deleted: bool = False) -> None:
@@ -124,8 +123,8 @@ def _activate(session: ChatSession, run: Run) -> None:
     session.last_run_error = ""
     save_row(session, "started_at", *OUTCOME_FIELDS)
     if run.session_generation == session.session_id:
-        Message.objects.create(
-            session=session, session_generation=session.session_id, role="user", text=run.message, run=run
+        queries.insert(
+            Message(session=session, session_generation=session.session_id, role="user", text=run.message, run=run)
         )
 
 
@@ -133,12 +132,11 @@ def _activate(session: ChatSession, run: Run) -> None:
 
 
 def next_queue_seq(session: ChatSession) -> int:
-    current = Run.objects.filter(session=session).aggregate(m=Max("queue_seq"))["m"]
-    return (current or 0) + 1
+    return queries.next_queue_seq(session.pk)
 
 
 def queued_runs(session: ChatSession) -> list[Run]:
-    return list(Run.objects.filter(session=session, state=RunState.QUEUED).order_by("queue_seq", "id"))
+    return queries.runs("r.session_id = %s AND r.state = %s ORDER BY r.queue_seq, r.id", [session.pk, RunState.QUEUED])
 
 
 def emit_run(
@@ -204,7 +202,7 @@ def transition(
             save_row(session, *OUTCOME_FIELDS)
         else:
             # An old-generation run never touches the row (§8); only release the slot.
-            session.save(update_fields=["active_run"])
+            queries.update(session, "active_run")
         changed = current_generation
     elif from_state == RunState.QUEUED and current_generation:
         save_row(session)  # queuedRunIds changed
@@ -212,10 +210,10 @@ def transition(
 
     if current_generation and from_state in ACTIVE_STATES and (to_state == RunState.DONE or run.reply):
         # The reply joins the transcript; partial text of an aborted, failed or timed-out run is kept, marked.
-        Message.objects.create(
+        queries.insert(Message(
             session=session, session_generation=session.session_id, role="assistant", text=run.reply, run=run,
             aborted=to_state != RunState.DONE,
-        )
+        ))
     emit_run(run, session, from_state=from_state, to_state=to_state, reason=reason, actor=actor,
              row_changed=changed)
     if was_active and start_next:

@@ -78,7 +78,7 @@ def admit_send(req: SendRequest, *, owner_process: str, actor: str = Actor.USER)
         if active is not None and req.queue_mode != "interrupt":
             if Run.objects.filter(session=session, state=RunState.QUEUED).count() >= settings.GATEWAY_QUEUE_MAX:
                 return SendOutcome("queue_full", None, session)
-            run = Run.objects.create(state=RunState.QUEUED, queue_seq=next_queue_seq(session), stream_seq=1, **base)
+            run = queries.insert(Run(state=RunState.QUEUED, queue_seq=next_queue_seq(session), stream_seq=1, **base))
             save_row(session)
             emit_run(run, session, from_state="", to_state=RunState.QUEUED, reason="queued", actor=actor,
                      row_changed=True)
@@ -88,7 +88,7 @@ def admit_send(req: SendRequest, *, owner_process: str, actor: str = Actor.USER)
         if active is not None:
             interrupted = kill(active, session, stop_reason=req.interrupt_reason, actor=actor,
                                owner_process=owner_process, start_next=False)
-        run = Run.objects.create(state=RunState.QUEUED, queue_seq=next_queue_seq(session), **base)
+        run = queries.insert(Run(state=RunState.QUEUED, queue_seq=next_queue_seq(session), **base))
         transition(run, RunState.DISPATCHING, session=session, reason="send", actor=actor,
                    owner_process=owner_process)
         return SendOutcome("started", run, session, interrupted_active_run=interrupted)
