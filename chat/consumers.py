@@ -8,12 +8,12 @@ what this connection may be told in `connection.ConnectionState`, state changes 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
 import uuid
 from typing import Any
 
+from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
@@ -23,6 +23,7 @@ from sessions_app.tokens import authenticate_token, hash_token, still_authorized
 from . import groups, handshake, methods, metrics, protocol, wire
 from .connection import ConnectionState
 from .db import db_read, db_write
+from .delivery import encode
 from .protocol import ProtocolError, invalid
 from .ratelimit import TokenBucket
 from .runtime.gateway import runtime
@@ -52,6 +53,20 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         for task in list(self.tasks):
             task.cancel()
         runtime.connections.discard(self)
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        """Channels' dispatch, without its hop to the one sync thread before every message.
+
+        Channels closes stale database connections there (`aclose_old_connections`) for
+        handlers that use the ORM on that thread. This consumer never does: all database
+        work goes through `chat.db`, which looks after its own threads' connections. With
+        every event of every connection queueing for that one thread, the hop was the
+        gateway's main cost under fan-out.
+        """
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
 
     # --- inbound --------------------------------------------------------------------------------
 
@@ -168,12 +183,14 @@ class GatewayConsumer(AsyncWebsocketConsumer):
     # --- outbound: layer events -----------------------------------------------------------------------
 
     async def gateway_chat(self, message: dict[str, Any]) -> None:
-        """A run event from the layer."""
+        """A run event from the layer (its payload already encoded: see `delivery.chat_message`)."""
         state = self.state
-        if state.authed and state.may_see(int(message["owner"]), via_operators=message.get("via") == "operators"):
-            payload = message["payload"]
-            if state.admit_chat(int(message["run"]), payload):
-                await self.send_event("chat", payload)
+        if (
+            state.authed
+            and state.may_see(int(message["owner"]), via_operators=message.get("via") == "operators")
+            and state.admit_chat(int(message["run"]), message)
+        ):
+            await self._send_event_json("chat", message["json"])
 
     async def gateway_session(self, message: dict[str, Any]) -> None:
         """A sessions.changed from the layer."""
@@ -190,14 +207,17 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             await self.send_event(name, payload)
 
     async def send_event(self, name: str, payload: dict[str, Any]) -> None:
+        await self._send_event_json(name, encode(payload))
+
+    async def _send_event_json(self, name: str, payload_json: str) -> None:
         self.event_seq += 1
-        await self._send_frame(protocol.event_frame(name, payload, self.event_seq))
+        await self.send(text_data=protocol.event_frame_json(name, payload_json, self.event_seq))
 
     async def send_shutdown(self, reason: str) -> None:
         await self.send_event("shutdown", {"reason": reason})
 
     async def _send_frame(self, frame: dict[str, Any]) -> None:
-        await self.send(text_data=json.dumps(frame, separators=(",", ":")))
+        await self.send(text_data=encode(frame))
 
     async def _reply_error(self, rid: str, exc: ProtocolError) -> None:
         await self._send_frame(protocol.response_error(rid, exc.to_error()))

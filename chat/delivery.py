@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -26,8 +27,22 @@ log = logging.getLogger(__name__)
 
 
 def chat_message(owner_id: int, run_pk: int, payload: dict[str, Any]) -> dict[str, Any]:
-    """A layer message carrying a `chat` event of one run."""
-    return {"type": "gateway.chat", "owner": owner_id, "run": run_pk, "payload": payload}
+    """A layer message carrying a `chat` event of one run.
+
+    The payload travels encoded once, as JSON text (the layer copies or serialises a
+    message for every receiving connection, and each would encode it again), beside
+    the few fields a connection's filter reads.
+    """
+    return {
+        "type": "gateway.chat", "owner": owner_id, "run": run_pk,
+        "runId": payload["runId"], "sessionKey": payload["sessionKey"], "sessionId": payload["sessionId"],
+        "seq": payload["seq"], "state": payload["state"], "json": encode(payload),
+    }
+
+
+def encode(payload: dict[str, Any]) -> str:
+    """Compact JSON, as frames are sent."""
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
 
 
 def session_message(owner_id: int, session_pk: int, payload: dict[str, Any]) -> dict[str, Any]:

@@ -138,6 +138,11 @@ def event_frame(name: str, payload: dict[str, Any], seq: int) -> dict[str, Any]:
     return {"type": "event", "event": name, "payload": payload, "seq": seq}
 
 
+def event_frame_json(name: str, payload_json: str, seq: int) -> str:
+    """`event_frame` as text, around a payload already encoded (`name` is one of ours: no escaping needed)."""
+    return f'{{"type":"event","event":"{name}","payload":{payload_json},"seq":{seq}}}'
+
+
 # --- parameter helpers -----------------------------------------------------------------
 
 

@@ -61,8 +61,7 @@ async def test_slow_final_broadcast_does_not_lose_the_queued_successor(client, m
     real = delivery.agroup_send_all
 
     async def slow(owner_id, message):
-        p = message.get("payload", {})
-        if message["type"] == "gateway.chat" and p.get("runId") == "r1" and p.get("state") == "final":
+        if message["type"] == "gateway.chat" and message["runId"] == "r1" and message["state"] == "final":
             await asyncio.sleep(settings.GATEWAY_REPAIR_SECONDS * 2.5)
         await real(owner_id, message)
 

@@ -51,7 +51,7 @@ def test_two_changes_in_one_transaction_both_carry_the_committed_row(sent: list[
         ("run.completed", "running", ["r2"], "r2"), ("run.started", "running", ["r2"], "r2")
     ]
     assert rows[0][1] == rows[1][1]
-    chats = [(m["payload"]["runId"], m["payload"]["state"]) for m in sent if m["type"] == "gateway.chat"]
+    chats = [(m["runId"], m["state"]) for m in sent if m["type"] == "gateway.chat"]
     assert chats == [("r1", "final"), ("r2", "status")]
 
 

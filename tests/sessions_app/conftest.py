@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -40,10 +41,8 @@ def broadcasts(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
 
 def chat_states(messages: list[dict[str, Any]]) -> list[tuple[str, str, int]]:
     """(runId, state or phase, seq) of each chat event."""
-    return [
-        (m["payload"]["runId"], m["payload"].get("phase") or m["payload"]["state"], m["payload"]["seq"])
-        for m in messages if m["type"] == "gateway.chat"
-    ]
+    chats = [json.loads(m["json"]) for m in messages if m["type"] == "gateway.chat"]
+    return [(p["runId"], p.get("phase") or p["state"], p["seq"]) for p in chats]
 
 
 def rows(messages: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:

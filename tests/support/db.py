@@ -83,4 +83,4 @@ def is_row_message(message: dict[str, Any]) -> bool:
 
 
 def is_terminal_message(message: dict[str, Any]) -> bool:
-    return message["type"] == "gateway.chat" and message["payload"]["state"] in ("final", "error", "aborted")
+    return message["type"] == "gateway.chat" and message["state"] in ("final", "error", "aborted")
