@@ -7,6 +7,7 @@ connection missed. The consumer asks, and sends what it is given.
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -37,6 +38,22 @@ class RunView:
 
 
 @dataclass
+class RowSeen:
+    """The newest row this connection sent of one session (as sent: a dict, or the layer's JSON text)."""
+
+    version: int
+    deleted: bool
+    key: str
+    row: dict[str, Any] | None = None
+    row_json: str | None = None
+
+    def full(self) -> dict[str, Any]:
+        if self.row is None:
+            self.row = json.loads(self.row_json or "{}")
+        return self.row
+
+
+@dataclass
 class ConnectionState:
     """The per-connection view: identity, subscription, and the run and row filters."""
 
@@ -49,7 +66,7 @@ class ConnectionState:
     held_acks: int = 0
     connected_at: datetime = field(default_factory=timezone.now)
     runs: OrderedDict[int, RunView] = field(default_factory=OrderedDict)
-    rows: OrderedDict[int, dict[str, Any]] = field(default_factory=OrderedDict)
+    rows: OrderedDict[int, RowSeen] = field(default_factory=OrderedDict)
 
     @property
     def is_admin(self) -> bool:
@@ -94,14 +111,22 @@ class ConnectionState:
         return True
 
     def admit_row(self, session_pk: int, payload: dict[str, Any]) -> bool:
-        """Whether this row is news here: subscribed, and never older than what was sent."""
+        """Whether this `sessions.changed` is news here: subscribed, and never older than what was sent."""
+        row = payload["session"]
+        return self._admit_row(session_pk, RowSeen(row["version"], bool(row.get("deleted")), row["key"], row=row))
+
+    def admit_encoded_row(self, message: dict[str, Any]) -> bool:
+        """`admit_row` for a layer message whose payload is already encoded (`delivery.session_message`)."""
+        seen = RowSeen(message["version"], message["deleted"], message["key"], row_json=message["row"])
+        return self._admit_row(int(message["session"]), seen)
+
+    def _admit_row(self, session_pk: int, seen: RowSeen) -> bool:
         if not self.subscribed:
             return False
-        row = payload["session"]
         known = self.rows.get(session_pk)
-        if known is not None and (row["version"] < known["version"] or known.get("deleted")):
+        if known is not None and (seen.version < known.version or known.deleted):
             return False
-        self.rows[session_pk] = row
+        self.rows[session_pk] = seen
         self.rows.move_to_end(session_pk)
         while len(self.rows) > MAX_TRACKED_ROWS:
             self.rows.popitem(last=False)
@@ -135,14 +160,14 @@ class ConnectionState:
             return events
         for session_pk, (owner_id, row) in snap.rows.items():
             known = self.rows.get(session_pk)
-            if self.may_see(owner_id) and (known is None or row["version"] > known["version"]):
+            if self.may_see(owner_id) and (known is None or row["version"] > known.version):
                 payload = wire.row_event(row, "resync")
                 if self.admit_row(session_pk, payload):
                     events.append(("sessions.changed", payload))
         for session_pk in [pk for pk in self.rows if pk in snap.checked and pk not in snap.existing]:
             known = self.rows[session_pk]
-            if not known.get("deleted"):
-                payload = wire.row_event({**known, "deleted": True, "version": known["version"] + 1}, "delete")
+            if not known.deleted:
+                payload = wire.row_event({**known.full(), "deleted": True, "version": known.version + 1}, "delete")
                 if self.admit_row(session_pk, payload):
                     events.append(("sessions.changed", payload))
         return events

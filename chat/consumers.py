@@ -193,12 +193,14 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             await self._send_event_json("chat", message["json"])
 
     async def gateway_session(self, message: dict[str, Any]) -> None:
-        """A sessions.changed from the layer."""
+        """A sessions.changed from the layer (encoded: see `delivery.session_message`)."""
         state = self.state
-        if state.authed and state.may_see(int(message["owner"]), via_operators=message.get("via") == "operators"):
-            payload = message["payload"]
-            if state.admit_row(int(message["session"]), payload):
-                await self.send_event("sessions.changed", payload)
+        if (
+            state.authed
+            and state.may_see(int(message["owner"]), via_operators=message.get("via") == "operators")
+            and state.admit_encoded_row(message)
+        ):
+            await self._send_event_json("sessions.changed", message["json"])
 
     # --- sending ----------------------------------------------------------------------------------------
 

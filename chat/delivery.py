@@ -46,8 +46,15 @@ def encode(payload: dict[str, Any]) -> str:
 
 
 def session_message(owner_id: int, session_pk: int, payload: dict[str, Any]) -> dict[str, Any]:
-    """A layer message carrying a `sessions.changed` event of one session."""
-    return {"type": "gateway.session", "owner": owner_id, "session": session_pk, "payload": payload}
+    """A layer message carrying a `sessions.changed` event of one session, encoded once (as `chat_message`)."""
+    row = payload["session"]
+    row_json = encode(row)
+    rest = encode({k: v for k, v in payload.items() if k != "session"})
+    return {
+        "type": "gateway.session", "owner": owner_id, "session": session_pk, "key": row["key"],
+        "version": row["version"], "deleted": bool(row.get("deleted")), "reason": payload["reason"],
+        "row": row_json, "json": f'{rest[:-1]},"session":{row_json}}}',
+    }
 
 
 async def agroup_send_all(owner_id: int, message: dict[str, Any]) -> None:

@@ -129,8 +129,10 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels.layers.InMemoryChannelLayer",
-            "CONFIG": {"capacity": GATEWAY_CHANNEL_CAPACITY},
+            "BACKEND": "chat.layers.InMemoryChannelLayer",
+            # group_expiry: a connection stays in its groups for as long as it is open (the
+            # default, a day, would silently stop a long-lived tab's events)
+            "CONFIG": {"capacity": GATEWAY_CHANNEL_CAPACITY, "group_expiry": 10 * 365 * 86400},
         }
     }
 

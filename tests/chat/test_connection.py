@@ -20,6 +20,15 @@ def row(key: str, version: int, **extra: Any) -> dict[str, Any]:
     return wire.row_event({"key": key, "version": version, **extra}, "patch")
 
 
+def test_rows_from_the_layer_are_filtered_the_same_way() -> None:
+    from chat.delivery import session_message
+
+    s = state(subscribed=True)
+    assert s.admit_encoded_row(session_message(1, 5, row("k", 2)))
+    assert not s.admit_encoded_row(session_message(1, 5, row("k", 1)))
+    assert s.rows[5].full() == {"key": "k", "version": 2}
+
+
 def state(**kwargs: Any) -> ConnectionState:
     return ConnectionState(user_id=1, authed=True, scopes=["operator.read", "operator.write"], **kwargs)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
 import pytest
@@ -46,7 +47,7 @@ def test_two_changes_in_one_transaction_both_carry_the_committed_row(sent: list[
     assert first is not None and runs.mark_running(first.pk)
     sent.clear()
     runs.finish_run(first.pk, "done", owner_process="", reply="ok")
-    rows = [(m["payload"]["reason"], m["payload"]["session"]) for m in sent if m["type"] == "gateway.session"]
+    rows = [(m["reason"], json.loads(m["row"])) for m in sent if m["type"] == "gateway.session"]
     assert [(reason, row["status"], row["activeRunIds"], row["lastRunId"]) for reason, row in rows] == [
         ("run.completed", "running", ["r2"], "r2"), ("run.started", "running", ["r2"], "r2")
     ]
@@ -61,7 +62,7 @@ def test_a_session_created_by_its_first_send_is_announced_as_committed(
     owner = get_user_model().objects.create_user(username="o")
     with django_capture_on_commit_callbacks(execute=True):
         send(owner, "r1")
-    rows = [(m["payload"]["reason"], m["payload"]["session"]["activeRunIds"]) for m in sent
+    rows = [(m["reason"], json.loads(m["row"])["activeRunIds"]) for m in sent
             if m["type"] == "gateway.session"]
     assert rows == [("create", ["r1"]), ("send", ["r1"])]
 
@@ -76,5 +77,5 @@ def test_changes_after_a_rollback_are_still_announced(sent: list[dict[str, Any]]
     sent.clear()
     send(owner, "r3")
     assert first.run is not None
-    rows = [m["payload"]["session"]["queuedRunIds"] for m in sent if m["type"] == "gateway.session"]
+    rows = [json.loads(m["row"])["queuedRunIds"] for m in sent if m["type"] == "gateway.session"]
     assert rows == [["r3"]]

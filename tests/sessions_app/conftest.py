@@ -47,4 +47,4 @@ def chat_states(messages: list[dict[str, Any]]) -> list[tuple[str, str, int]]:
 
 def rows(messages: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
     """(reason, row) of each sessions.changed."""
-    return [(m["payload"]["reason"], m["payload"]["session"]) for m in messages if m["type"] == "gateway.session"]
+    return [(m["reason"], json.loads(m["row"])) for m in messages if m["type"] == "gateway.session"]
