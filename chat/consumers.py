@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 class GatewayConsumer(AsyncWebsocketConsumer):
     """One client connection speaking protocol v4."""
 
+    # No channel of its own: the process's one channel receives for all its connections
+    # and hands each event to those that joined its group (`chat.hub`).
+    channel_layer_alias = None  # type: ignore[assignment]
+
     async def connect(self) -> None:
         self.conn_id = uuid.uuid4().hex
         logs.conn_id.set(self.conn_id)
@@ -48,11 +52,11 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         self._spawn(self._connect_deadline())
 
     async def disconnect(self, code: int) -> None:
-        # Channels leaves `self.groups` after this returns.
         metrics.websocket_closed(code)
         for task in list(self.tasks):
             task.cancel()
         runtime.connections.discard(self)
+        await runtime.hub.leave_all(self)
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         """Channels' dispatch, without its hop to the one sync thread before every message.
@@ -175,10 +179,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             await self.close(code=handshake.CLOSE_POLICY)
 
     async def join_group(self, group: str) -> None:
-        """Join a group for the rest of the connection (Channels leaves `self.groups` on disconnect)."""
-        if group not in self.groups:
-            self.groups.append(group)
-            await self.channel_layer.group_add(group, self.channel_name)
+        """Receive a group's events for the rest of the connection (left on disconnect)."""
+        await runtime.hub.join(group, self)
 
     # --- outbound: layer events -----------------------------------------------------------------------
 

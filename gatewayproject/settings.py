@@ -115,6 +115,9 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # --- Channel layer -------------------------------------------------------------
 REDIS_URL = env.str("REDIS_URL", default="")
 GATEWAY_CHANNEL_CAPACITY = env.int("GATEWAY_CHANNEL_CAPACITY", default=500)
+# The process's own channel (chat.hub) receives every event of all its connections.
+GATEWAY_PROCESS_CHANNEL_CAPACITY = env.int("GATEWAY_PROCESS_CHANNEL_CAPACITY", default=100_000)
+_CHANNEL_CAPACITY = {"gateway.*": GATEWAY_PROCESS_CHANNEL_CAPACITY}
 if REDIS_URL:
     CHANNEL_LAYERS: dict[str, Any] = {
         "default": {
@@ -122,6 +125,7 @@ if REDIS_URL:
             "CONFIG": {
                 "hosts": [REDIS_URL],
                 "capacity": GATEWAY_CHANNEL_CAPACITY,
+                "channel_capacity": _CHANNEL_CAPACITY,
                 "prefix": env.str("REDIS_LAYER_PREFIX", default="agentgate"),
             },
         }
@@ -132,7 +136,11 @@ else:
             "BACKEND": "chat.layers.InMemoryChannelLayer",
             # group_expiry: a connection stays in its groups for as long as it is open (the
             # default, a day, would silently stop a long-lived tab's events)
-            "CONFIG": {"capacity": GATEWAY_CHANNEL_CAPACITY, "group_expiry": 10 * 365 * 86400},
+            "CONFIG": {
+                "capacity": GATEWAY_CHANNEL_CAPACITY,
+                "channel_capacity": _CHANNEL_CAPACITY,
+                "group_expiry": 10 * 365 * 86400,
+            },
         }
     }
 

@@ -11,10 +11,14 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from channels.layers import get_channel_layer
+
 from sessions_app import process
 
+from .. import groups
 from ..db import db_write
 from ..delivery import broadcaster
+from ..hub import Hub
 from . import health
 from .executor import RunExecutor
 from .registry import connections
@@ -34,6 +38,7 @@ class GatewayRuntime:
         self.executor = RunExecutor()
         self.connections = connections
         self.supervisor = Supervisor(self)
+        self.hub = Hub()
 
     @property
     def running(self) -> bool:
@@ -59,6 +64,8 @@ class GatewayRuntime:
         self.connections.clear()
         broadcaster.start()
         await db_write(process.register, self.server_id)
+        if get_channel_layer() is not None:
+            await self.hub.start(groups.process_group(self.server_id), on_control=self._control)
         self.supervisor.start()
         log.info("gateway runtime %s started", self.server_id)
 
@@ -78,10 +85,16 @@ class GatewayRuntime:
             return
         self.stopping = True
         await self.supervisor.stop()
+        await self.hub.stop()
         await self.executor.stop()
         await broadcaster.stop()
         self.connections.clear()
         self.loop = None
+
+    def _control(self, message: dict[str, Any]) -> None:
+        """A message for the process itself: an abort routed from another process."""
+        if message.get("type") == "run.cancel":
+            self.executor.cancel(int(message["run"]))
 
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run `fn(*args)` on the serving loop, from any thread; a no-op when it is not serving."""

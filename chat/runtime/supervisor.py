@@ -3,8 +3,9 @@
 - heartbeat: keep this process alive in the registry, end the runs of dead ones
   (the recovery sweep), claim runs that nobody executes;
 - reconcile: make this process's tasks and the database agree, both ways;
-- repair (§9): one database pass for all connections of the process;
-- listen: abort and hand-off messages routed to this process by the channel layer.
+- repair (§9): one database pass for all connections of the process.
+
+(What the channel layer routes to the process, events and aborts, arrives through `chat.hub`.)
 """
 
 from __future__ import annotations
@@ -15,14 +16,13 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from channels.layers import get_channel_layer
 from django.conf import settings
 
 from sessions_app import process, recovery
 from sessions_app.lifecycle import runs
 from sessions_app.models import ACTIVE_STATES, Actor, Run, RunState
 
-from .. import groups, metrics, repair
+from .. import metrics, repair
 from ..db import db_read, db_write
 from . import health
 
@@ -45,7 +45,7 @@ class Supervisor:
         self.scanner = repair.Scanner()
         self.tasks = [
             asyncio.ensure_future(loop())
-            for loop in (self._heartbeat_loop, self._reconcile_loop, self._repair_loop, self._listen_loop)
+            for loop in (self._heartbeat_loop, self._reconcile_loop, self._repair_loop)
         ]
 
     async def stop(self) -> None:
@@ -121,36 +121,6 @@ class Supervisor:
                 metrics.REPAIR_PASSES.labels("error").inc()
                 health.failed("repair", exc)
                 log.exception("repair pass failed")
-
-    async def _listen_loop(self) -> None:
-        """Cross-process aborts (`proc.<server_id>`); restarted, and logged, when it fails."""
-        rt = self.runtime
-        layer = get_channel_layer()
-        if layer is None:
-            return
-        delay = 1.0
-        while not rt.stopping:
-            try:
-                channel = await layer.new_channel()
-                await layer.group_add(groups.process_group(rt.server_id), channel)
-                health.ok("listener")
-                delay = 1.0
-                while not rt.stopping:
-                    message = await layer.receive(channel)
-                    health.ok("listener")
-                    if message.get("type") == "run.cancel":
-                        rt.executor.cancel(int(message["run"]))
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                if rt.stopping:
-                    return
-                health.failed("listener", exc, restart=True)
-                metrics.channel_layer_failed("listener")
-                metrics.BACKGROUND_RESTARTS.labels("listener").inc()
-                log.exception("process channel listener failed; restarting in %.0fs", delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 30.0)
 
     # --- shutdown -------------------------------------------------------------------------------
 

@@ -1,0 +1,134 @@
+"""The process's one subscription: its channel joins each group once, for all its connections.
+
+A user with fifty open tabs on one process used to cost every event fifty layer messages
+(each copied or serialised, queued, and woken for separately). Here the process's one
+channel joins `user.<id>` when the first connection of that user arrives and leaves it
+with the last (the same for `operators` and for the process's own `proc.<server_id>`
+group), receives each event once, and hands it to its connections directly. Their
+filters (`ConnectionState`) decide, per connection, what is news.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from typing import Any, Protocol
+
+from channels.layers import get_channel_layer
+
+from . import groups, metrics
+from .runtime import health
+
+log = logging.getLogger(__name__)
+CHANNEL_PREFIX = "gateway"  # channel_capacity in settings matches it: every event of the process passes here
+
+
+class Member(Protocol):
+    async def dispatch(self, message: dict[str, Any]) -> None: ...
+
+
+class Hub:
+    """Group memberships of this process, reference-counted by its connections."""
+
+    def __init__(self) -> None:
+        self.channel: str | None = None
+        self.members: dict[str, set[Member]] = defaultdict(set)  # group -> its local connections
+        self.task: asyncio.Task[None] | None = None
+        self.on_control: Any = None  # (message) -> None: messages for the process itself (run.cancel)
+        self._lock = asyncio.Lock()
+
+    async def start(self, process_group: str, on_control: Any) -> None:
+        """Open the channel, join the process's own group, and start receiving."""
+        self.on_control = on_control
+        self.members.clear()
+        await self._open(process_group)
+        self.task = asyncio.ensure_future(self._receive_loop(process_group))
+
+    async def stop(self) -> None:
+        task, self.task = self.task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.wait([task], timeout=5)
+        self.members.clear()
+        self.channel = None
+
+    async def join(self, group: str, member: Member) -> None:
+        """Add a connection to a group; the process's channel joins it with the first."""
+        async with self._lock:
+            first = not self.members[group]
+            self.members[group].add(member)
+            if first and self.channel is not None:
+                await _group_add(group, self.channel)
+
+    async def leave_all(self, member: Member) -> None:
+        """Remove a connection from every group; the channel leaves those it was the last in."""
+        async with self._lock:
+            for group in [g for g, members in self.members.items() if member in members]:
+                self.members[group].discard(member)
+                if not self.members[group]:
+                    del self.members[group]
+                    if self.channel is not None:
+                        await _group_discard(group, self.channel)
+
+    async def deliver(self, message: dict[str, Any]) -> None:
+        """Hand one layer message to the local connections of its group."""
+        if str(message.get("type", "")).startswith("gateway."):
+            group = groups.OPERATORS if message.get("via") == "operators" else groups.user_group(message["owner"])
+            for member in list(self.members.get(group, ())):
+                try:
+                    await member.dispatch(message)
+                except Exception:  # one closing socket must not stop the others
+                    log.debug("delivery to one connection failed", exc_info=True)
+        elif self.on_control is not None:
+            self.on_control(message)
+
+    async def _open(self, process_group: str) -> None:
+        layer = get_channel_layer()
+        assert layer is not None
+        self.channel = await layer.new_channel(prefix=CHANNEL_PREFIX)  # type: ignore[call-arg]  # not in the stubs
+        await layer.group_add(process_group, self.channel)
+        for group in list(self.members):  # after a restart: join again what the connections need
+            await layer.group_add(group, self.channel)
+
+    async def _receive_loop(self, process_group: str) -> None:
+        """Receive for the process; restarted, and logged, when the layer fails (events lost
+        meanwhile are repaired, §9)."""
+        layer = get_channel_layer()
+        assert layer is not None
+        delay = 1.0
+        while True:
+            try:
+                if self.channel is None:
+                    await self._open(process_group)
+                health.ok("listener")
+                delay = 1.0
+                while True:
+                    message = await layer.receive(self.channel)  # type: ignore[arg-type]
+                    health.ok("listener")
+                    await self.deliver(message)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.channel = None
+                health.failed("listener", exc, restart=True)
+                metrics.channel_layer_failed("listener")
+                metrics.BACKGROUND_RESTARTS.labels("listener").inc()
+                log.exception("process channel failed; reopening in %.0fs", delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+
+async def _group_add(group: str, channel: str) -> None:
+    layer = get_channel_layer()
+    if layer is not None:
+        await layer.group_add(group, channel)
+
+
+async def _group_discard(group: str, channel: str) -> None:
+    layer = get_channel_layer()
+    if layer is not None:
+        try:
+            await layer.group_discard(group, channel)
+        except Exception:  # leaving late is harmless: the filters drop what is not ours
+            log.debug("group_discard failed", exc_info=True)
