@@ -9,11 +9,11 @@ the ORM would make them. Everything else goes through the ORM.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cache
 from typing import Any, TypeVar
 
-from django.db import connection
+from django.db import connection, models
 from django.db.models import Field, Model
 
 from .models import ChatSession, Run
@@ -147,20 +147,34 @@ def next_queue_seq(session_pk: int) -> int:
 # --- writes: the same statements the ORM would issue, without building them each time -------------
 
 
+# Fields whose Python value is what the database takes: no per-value preparation needed.
+_PLAIN = (models.CharField, models.TextField, models.IntegerField, models.BooleanField, models.ForeignKey)
+_Prep = Callable[[Model, bool], Any]
+
+
+def _preparer(field: Field[Any, Any]) -> _Prep:
+    """How `save()` turns one field of an instance into a query parameter, minus what is a no-op."""
+    if isinstance(field, _PLAIN) and not isinstance(field, models.AutoField):
+        attname = field.attname
+        return lambda instance, add: getattr(instance, attname)
+    return lambda instance, add: field.get_db_prep_save(field.pre_save(instance, add), connection)
+
+
 @cache
-def _insert_sql(model: type[Model], vendor: str) -> tuple[str, tuple[Field[Any, Any], ...]]:
-    fields = tuple(f for f in model._meta.concrete_fields if not f.primary_key)
+def _insert_sql(model: type[Model], vendor: str) -> tuple[str, tuple[_Prep, ...]]:
+    fields = [f for f in model._meta.concrete_fields if not f.primary_key]
     quote = connection.ops.quote_name
     columns = ", ".join(quote(str(f.column)) for f in fields)
     marks = ", ".join(["%s"] * len(fields))
     pk = quote(str(model._meta.pk.column))  # type: ignore[union-attr]
-    return f"INSERT INTO {_table(model)} ({columns}) VALUES ({marks}) RETURNING {pk}", fields  # type: ignore[return-value]
+    sql = f"INSERT INTO {_table(model)} ({columns}) VALUES ({marks}) RETURNING {pk}"
+    return sql, tuple(_preparer(f) for f in fields)  # type: ignore[arg-type]
 
 
 def insert(instance: M) -> M:
     """Insert a new instance (defaults and auto_now_add filled as `save()` would); set its pk."""
-    sql, fields = _insert_sql(type(instance), connection.vendor)
-    params = [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]
+    sql, preparers = _insert_sql(type(instance), connection.vendor)
+    params = [prep(instance, True) for prep in preparers]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         instance.pk = cursor.fetchone()[0]  # type: ignore[index]
@@ -170,18 +184,18 @@ def insert(instance: M) -> M:
 
 
 @cache
-def _update_sql(model: type[Model], names: tuple[str, ...], vendor: str) -> tuple[str, tuple[Field[Any, Any], ...]]:
-    fields = tuple(model._meta.get_field(name) for name in names)
+def _update_sql(model: type[Model], names: tuple[str, ...], vendor: str) -> tuple[str, tuple[_Prep, ...]]:
+    fields = [model._meta.get_field(name) for name in names]
     quote = connection.ops.quote_name
     sets = ", ".join(f"{quote(str(f.column))} = %s" for f in fields)  # type: ignore[union-attr]
     pk = quote(str(model._meta.pk.column))  # type: ignore[union-attr]
-    return f"UPDATE {_table(model)} SET {sets} WHERE {pk} = %s", fields  # type: ignore[return-value]
+    return f"UPDATE {_table(model)} SET {sets} WHERE {pk} = %s", tuple(_preparer(f) for f in fields)  # type: ignore[arg-type]
 
 
 def update(instance: Model, *names: str) -> None:
     """`instance.save(update_fields=names)` in one precompiled statement."""
-    sql, fields = _update_sql(type(instance), tuple(dict.fromkeys(names)), connection.vendor)
-    params = [f.get_db_prep_save(f.pre_save(instance, False), connection) for f in fields]
+    sql, preparers = _update_sql(type(instance), tuple(dict.fromkeys(names)), connection.vendor)
+    params = [prep(instance, False) for prep in preparers]
     with connection.cursor() as cursor:
         cursor.execute(sql, [*params, instance.pk])
 

@@ -185,31 +185,56 @@ class RunExecutor:
             await self.finish(run_pk, RunState.FAILED, error_kind="unknown", error_message="internal error")
 
     async def _pump(self, run: Run, stream: AsyncIterator[str]) -> str:
-        """Stream chunks to clients, coalesced to one delta per interval, each stored first."""
+        """Stream chunks to clients, coalesced to one delta per interval, each stored first.
+
+        The interval counts from the start of the stream, and text held back by it goes out
+        when the interval ends, whether or not more arrives: a reply that comes whole within
+        one interval is one delta, and a model that pauses mid-reply still shows what it said.
+        """
         interval = settings.GATEWAY_DELTA_INTERVAL_MS / 1000
         text = sent = ""
-        last = 0.0
+        last = time.monotonic()
+        chunks = stream.__aiter__()
+        pending: asyncio.Future[str] | None = None
         try:
-            async for chunk in stream:
+            while True:
+                if pending is None:
+                    pending = asyncio.ensure_future(chunks.__anext__())
+                if text != sent and not pending.done():
+                    # Held-back text: wait for more only until the interval ends.
+                    done, _ = await asyncio.wait({pending}, timeout=max(0.0, last + interval - time.monotonic()))
+                    if not done:
+                        if not await self._flush(run, text, sent):
+                            raise asyncio.CancelledError()  # ended elsewhere while streaming
+                        sent, last = text, time.monotonic()
+                        continue
+                try:
+                    chunk = await pending
+                except StopAsyncIteration:
+                    break
+                finally:
+                    pending = None if pending.done() else pending
                 if chunk and not text:
                     metrics.first_token(run.session.agent_id, run.dispatched_at)
                 text += chunk
                 now = time.monotonic()
                 if now - last >= interval:
                     if not await self._flush(run, text, sent):
-                        break
+                        raise asyncio.CancelledError()  # ended elsewhere while streaming
                     sent, last = text, now
-            else:
-                if text != sent:
-                    await self._flush(run, text, sent)
-                return text
+            if text != sent:
+                await self._flush(run, text, sent)
+            return text
         except BackendError:
             if text != sent:
                 await self._flush(run, text, sent)
             raise
         finally:
+            if pending is not None and not pending.done():
+                pending.cancel()
+                with contextlib.suppress(BaseException):
+                    await pending
             await _aclose(stream)
-        raise asyncio.CancelledError()  # ended elsewhere while streaming
 
     async def _flush(self, run: Run, text: str, sent: str) -> bool:
         seq = await db_write(runs.record_delta, run.pk, text)
