@@ -165,7 +165,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
 
     async def _identify(self, params: handshake.ConnectParams) -> tuple[int, str, bool] | None:
         if params.has_token:
-            user = await db_write(authenticate_token, params.token)
+            user = await db_write(authenticate_token, params.token, urgent=True)
             self.token_hash = hash_token(params.token) if params.token is not None else None
         else:
             user = await db_read(_scope_user, self.scope)

@@ -2,10 +2,14 @@
 
 SQLite takes one writer at a time. Threads racing for its lock wait in its busy handler,
 which sleeps in growing steps: that is where multi-second tails come from. So on SQLite
-every write runs on one dedicated thread, in the order it was asked for, and never waits
-for the lock behind another thread of this process; reads run beside it (WAL). On
-PostgreSQL writes are spread over the pool like reads: its row locks serialise only
-what touches the same session.
+every write runs on one dedicated thread, and what has queued up while it was busy runs
+together in one transaction (group commit): each write in its own savepoint, so one that
+fails changes nothing and the others stand; its caller hears back only once the whole
+transaction has committed, so nothing is acknowledged before it is durable. The busier
+the gateway, the more writes share a commit: throughput rises with load. Admissions go
+first (`urgent`), so an ack never waits behind the deltas of other runs. Reads run beside
+the writer (WAL). On PostgreSQL writes are spread over the pool like reads: its row locks
+serialise only what touches the same session.
 
 Each call is a plain function run on a thread (no asgiref context hop); the thread's
 connection is kept (SQLite) or handed back to the pool (PostgreSQL) after each call.
@@ -16,17 +20,25 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import itertools
+import logging
+import queue
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import close_old_connections, connection, transaction
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+BATCH_MAX = 64  # writes sharing one commit, at most
 
 _readers: ThreadPoolExecutor | None = None
-_writer: ThreadPoolExecutor | None = None
+_writer: Writer | None = None
+_lock = threading.Lock()
 
 
 def single_writer() -> bool:
@@ -34,16 +46,86 @@ def single_writer() -> bool:
     return connection.vendor == "sqlite"
 
 
-def _executors() -> tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
+@dataclass(order=True)
+class _Job:
+    rank: tuple[int, int]
+    call: Callable[[], Any] = field(compare=False)
+    future: Future[Any] = field(compare=False)
+
+
+class Writer:
+    """One thread that runs the process's writes, several to a transaction."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.PriorityQueue[_Job] = queue.PriorityQueue()
+        self.order = itertools.count()
+        self.thread = threading.Thread(target=self._run, name="agentgate-writer", daemon=True)
+        self.thread.start()
+
+    def submit(self, call: Callable[[], T], *, urgent: bool) -> Future[T]:
+        future: Future[T] = Future()
+        self.jobs.put(_Job((0 if urgent else 1, next(self.order)), call, future))
+        return future
+
+    def _run(self) -> None:
+        while True:
+            batch = [self.jobs.get()]
+            while len(batch) < BATCH_MAX:
+                try:
+                    batch.append(self.jobs.get_nowait())
+                except queue.Empty:
+                    break
+            # A write whose caller gave up before it started is not made; once started, it is.
+            batch = [job for job in batch if job.future.set_running_or_notify_cancel()]
+            if batch:
+                try:
+                    self._commit(batch)
+                except BaseException:  # never lose the writer: its callers would wait for ever
+                    log.exception("writer failed")
+
+    def _commit(self, batch: list[_Job]) -> None:
+        outcomes: list[tuple[bool, Any]] = []
+        if len(batch) == 1:  # alone: its own transaction (or autocommit) is the commit
+            try:
+                outcomes.append((True, batch[0].call()))
+            except Exception as exc:
+                outcomes.append((False, exc))
+            finally:
+                close_old_connections()
+            self._answer(batch, outcomes)
+            return
+        try:
+            with transaction.atomic():
+                for job in batch:
+                    try:
+                        with transaction.atomic():  # its own savepoint: a failure undoes only this write
+                            outcomes.append((True, job.call()))
+                    except Exception as exc:
+                        outcomes.append((False, exc))
+        except Exception as exc:  # the commit itself failed: nothing of the batch happened
+            log.warning("write batch of %d failed to commit", len(batch), exc_info=True)
+            outcomes = [(False, exc)] * len(batch)
+        finally:
+            close_old_connections()
+        self._answer(batch, outcomes)
+
+    @staticmethod
+    def _answer(batch: list[_Job], outcomes: list[tuple[bool, Any]]) -> None:
+        for job, (ok, value) in zip(batch, outcomes, strict=True):
+            if ok:
+                job.future.set_result(value)
+            else:
+                job.future.set_exception(value)
+
+
+def _executors() -> tuple[ThreadPoolExecutor, Writer | None]:
     global _readers, _writer
-    if _readers is None:
-        # Sized below the PostgreSQL pool, so a burst of calls queues here instead of
-        # timing out on the pool; separate from the loop's default executor (DNS lookups).
-        _readers = ThreadPoolExecutor(max_workers=settings.GATEWAY_DB_THREADS, thread_name_prefix="agentgate-db")
-        _writer = (
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentgate-writer") if single_writer() else _readers
-        )
-    assert _writer is not None
+    with _lock:
+        if _readers is None:
+            # Sized below the PostgreSQL pool, so a burst of calls queues here instead of
+            # timing out on the pool; separate from the loop's default executor (DNS lookups).
+            _readers = ThreadPoolExecutor(max_workers=settings.GATEWAY_DB_THREADS, thread_name_prefix="agentgate-db")
+            _writer = Writer() if single_writer() else None
     return _readers, _writer
 
 
@@ -55,19 +137,21 @@ def _run(fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) ->
         close_old_connections()
 
 
-async def _call(executor: ThreadPoolExecutor, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    loop = asyncio.get_running_loop()
-    # A clean context: the caller's may carry asgiref markers that would make the
-    # ORM call look re-entrant.
-    call = functools.partial(contextvars.Context().run, _run, fn, args, kwargs)
-    return await loop.run_in_executor(executor, call)
+def _bound(fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[[], T]:
+    # A clean context: the caller's may carry asgiref markers that would make the ORM
+    # call look re-entrant.
+    return functools.partial(contextvars.Context().run, fn, *args, **kwargs)
 
 
 async def db_read(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Run a read (selectors) on a database thread."""
-    return await _call(_executors()[0], fn, *args, **kwargs)
+    readers, _writer = _executors()
+    return await asyncio.get_running_loop().run_in_executor(readers, _bound(_run, (fn, args, kwargs), {}))
 
 
-async def db_write(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run a write (the lifecycle services and other writes) on the writer."""
-    return await _call(_executors()[1], fn, *args, **kwargs)
+async def db_write(fn: Callable[..., T], *args: Any, urgent: bool = False, **kwargs: Any) -> T:
+    """Run a write (a lifecycle service, or another write) on the writer; `urgent` ones go first."""
+    readers, writer = _executors()
+    if writer is None:
+        return await asyncio.get_running_loop().run_in_executor(readers, _bound(_run, (fn, args, kwargs), {}))
+    return await asyncio.wrap_future(writer.submit(_bound(fn, args, kwargs), urgent=urgent))

@@ -86,7 +86,7 @@ async def dispatch(conn: Conn, name: str, params: dict[str, Any]) -> Reply:
 async def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Run a lifecycle service on the writer, mapping domain errors to protocol errors."""
     try:
-        return await db_write(fn, *args, **kwargs)
+        return await db_write(fn, *args, urgent=True, **kwargs)  # a client waits for its answer
     except LifecycleError as exc:
         raise ProtocolError(exc.code, exc.message, **exc.details) from exc
 
