@@ -38,7 +38,8 @@ def on_run_transitioned(
     if row_changed:
         _row_changed(session, reason, run.run_id)
     if to_state == RunState.DISPATCHING:
-        transaction.on_commit(partial(hooks.run_dispatching, run.pk, run.owner_process), robust=True)
+        run.session = session  # in hand: the executor needs no read to start it
+        transaction.on_commit(partial(hooks.run_dispatching, run, run.owner_process), robust=True)
     elif to_state in TERMINAL_STATES and from_state in ACTIVE_STATES:
         transaction.on_commit(partial(hooks.run_ended, run.pk, run.owner_process), robust=True)
     transaction.on_commit(partial(hooks.run_changed, run.pk), robust=True)

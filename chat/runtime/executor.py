@@ -40,6 +40,7 @@ class RunExecutor:
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.cancel_started: dict[int, float] = {}
         self.finishing: set[int] = set()
+        self.ended_early: set[int] = set()  # runs that ended before their task was started
         self.waiters: dict[int, set[asyncio.Event]] = {}
         self.bookkeeping: set[asyncio.Future[None]] = set()
 
@@ -48,6 +49,7 @@ class RunExecutor:
         self.tasks.clear()
         self.cancel_started.clear()
         self.finishing.clear()
+        self.ended_early.clear()
         self.waiters.clear()
 
     async def stop(self) -> None:
@@ -61,13 +63,16 @@ class RunExecutor:
 
     # --- entry points (on the loop) -------------------------------------------------------------
 
-    def submit(self, run_pk: int) -> None:
-        """Start executing an active run owned by this process."""
+    def submit(self, run_pk: int, committed: Run | None = None) -> None:
+        """Start executing an active run owned by this process (`committed`: as its dispatch committed)."""
         if run_pk in self.tasks:
+            return
+        if run_pk in self.ended_early:  # its end overtook its hand-off: the backend is never called
+            self.ended_early.discard(run_pk)
             return
         # A clean context: the caller's may carry asgiref's thread-executor markers, which
         # would make the run's own sync calls look re-entrant.
-        task = asyncio.get_running_loop().create_task(self._execute(run_pk), context=contextvars.Context())
+        task = asyncio.get_running_loop().create_task(self._execute(run_pk, committed), context=contextvars.Context())
         self.tasks[run_pk] = task
         task.add_done_callback(functools.partial(self._task_done, run_pk))
 
@@ -76,7 +81,12 @@ class RunExecutor:
         if run_pk in self.finishing:
             return  # the task is ending the run itself (or lost the race to do so)
         task = self.tasks.get(run_pk)
-        if task is not None and not task.done():
+        if task is None:
+            # Not started yet (on PostgreSQL an abort's commit can overtake the hand-off).
+            self.ended_early.add(run_pk)
+            if len(self.ended_early) > 10_000:
+                self.ended_early.clear()
+        elif not task.done():
             self.cancel_started[run_pk] = time.monotonic()
             task.cancel()
 
@@ -125,10 +135,14 @@ class RunExecutor:
 
     # --- execution ------------------------------------------------------------------------------
 
-    async def _execute(self, run_pk: int) -> None:
+    async def _execute(self, run_pk: int, committed: Run | None = None) -> None:
         try:
             logs.run_id.set(str(run_pk))
-            run = await db_read(selectors.get_run, run_pk)
+            # Handed over by its own dispatch: as committed (an abort since then is caught by
+            # `mark_running`, before the backend streams). Otherwise (a claim, a lost hand-off) read.
+            run = committed
+            if run is None:
+                run = await db_read(selectors.get_run, run_pk)
             if run is None or run.state != RunState.DISPATCHING:
                 return
             logs.run_id.set(run.run_id)

@@ -10,6 +10,8 @@ import logging
 
 from channels.layers import get_channel_layer
 
+from sessions_app.models import Run
+
 from .. import groups
 from ..delivery import broadcaster
 from .gateway import runtime
@@ -17,10 +19,10 @@ from .gateway import runtime
 log = logging.getLogger(__name__)
 
 
-def run_dispatching(run_pk: int, owner_process: str) -> None:
-    """A run became active: execute it here when this process owns it."""
+def run_dispatching(run: Run, owner_process: str) -> None:
+    """A run became active: execute it here when this process owns it (as committed, with its session)."""
     if owner_process and owner_process == runtime.server_id and runtime.running:
-        runtime.call_soon(runtime.executor.submit, run_pk)
+        runtime.call_soon(runtime.executor.submit, run.pk, run)
 
 
 def run_ended(run_pk: int, owner_process: str) -> None:

@@ -75,7 +75,7 @@ async def test_run_lost_by_its_process_is_picked_up(client, monkeypatch, setting
     """A committed hand-off whose submit never happened (the hook was lost) is executed anyway."""
     from chat.runtime import hooks
 
-    monkeypatch.setattr(hooks, "run_dispatching", lambda run_pk, owner: None)
+    monkeypatch.setattr(hooks, "run_dispatching", lambda run, owner: None)
     await client.ok("chat.send", send_params("main", "hello", "k1"))
     assert (await client.wait_terminal("k1", settings.GATEWAY_REPAIR_SECONDS * 4))["state"] == "final"
 

@@ -18,7 +18,7 @@ from tests.support.db import send_params
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-TURN_STATEMENTS = 27  # 12 SELECT, 6 INSERT, 6 UPDATE, 3 BEGIN (see docs/performance.md)
+TURN_STATEMENTS = 26  # 11 SELECT, 6 INSERT, 6 UPDATE, 3 BEGIN (see docs/performance.md)
 RESEND_STATEMENTS = 1
 
 
