@@ -20,7 +20,7 @@ from django.conf import settings
 from gatewayproject import logs
 from sessions_app.tokens import authenticate_token, hash_token, still_authorized
 
-from . import groups, handshake, methods, metrics, protocol, wire
+from . import agent, groups, handshake, methods, metrics, protocol, wire
 from .connection import ConnectionState
 from .db import db_read, db_write
 from .protocol import ProtocolError, invalid
@@ -92,6 +92,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             await self._reply_error(request.id, ProtocolError("INTERNAL", "internal error"))
             return
         if reply.wait is not None:
+            if reply.payload is not None or reply.error is not None:
+                await self._send_reply(request.id, reply)  # the first of two answers (agent)
             self.state.held_acks += 1
             self._spawn(self._send_held(request.id, reply))
             return
@@ -171,9 +173,9 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         """A run event from the layer."""
         state = self.state
         if state.authed and state.may_see(int(message["owner"]), via_operators=message.get("via") == "operators"):
-            payload = message["payload"]
-            if state.admit_chat(int(message["run"]), payload):
-                await self.send_event("chat", payload)
+            payload, run_pk = message["payload"], int(message["run"])
+            if state.admit_chat(run_pk, payload):
+                await self.send_events(agent.follow(state, run_pk, payload, message.get("agent")))
 
     async def gateway_session(self, message: dict[str, Any]) -> None:
         """A sessions.changed from the layer."""
