@@ -54,7 +54,9 @@ def agent_events(chat: dict[str, Any], facts: dict[str, Any] | None, replied: in
     seq = int(chat["seq"])
     ts = wire.now_ms()
     base = {
-        "runId": chat["runId"], "sessionKey": chat["sessionKey"], "sessionId": chat.get("sessionId"),
+        "runId": chat["runId"],
+        "sessionKey": chat["sessionKey"],
+        "sessionId": chat.get("sessionId"),
         "agentId": agent_id_of(chat["sessionKey"]),
     }
     out: list[dict[str, Any]] = []
@@ -80,14 +82,37 @@ def agent_events(chat: dict[str, Any], facts: dict[str, Any] | None, replied: in
     if state == ChatState.FINAL:
         if facts.get("outputTokens") is not None:
             add("usage", {"outputTokens": facts["outputTokens"]})
-        add("lifecycle", {"phase": "end", "startedAt": facts.get("startedAt"), "endedAt": ended, "aborted": False,
-                          "stopReason": chat.get("stopReason", "stop")})
+        add(
+            "lifecycle",
+            {
+                "phase": "end",
+                "startedAt": facts.get("startedAt"),
+                "endedAt": ended,
+                "aborted": False,
+                "stopReason": chat.get("stopReason", "stop"),
+            },
+        )
     elif state == ChatState.ABORTED:
-        add("lifecycle", {"phase": "end", "startedAt": facts.get("startedAt"), "endedAt": ended, "aborted": True,
-                          "stopReason": chat.get("stopReason", "rpc")})
+        add(
+            "lifecycle",
+            {
+                "phase": "end",
+                "startedAt": facts.get("startedAt"),
+                "endedAt": ended,
+                "aborted": True,
+                "stopReason": chat.get("stopReason", "rpc"),
+            },
+        )
     else:
-        add("lifecycle", {"phase": "error", "error": chat.get("errorMessage") or "run failed", "endedAt": ended,
-                          "errorKind": chat.get("errorKind")})
+        add(
+            "lifecycle",
+            {
+                "phase": "error",
+                "error": chat.get("errorMessage") or "run failed",
+                "endedAt": ended,
+                "errorKind": chat.get("errorKind"),
+            },
+        )
     return out, replied
 
 
@@ -112,8 +137,12 @@ def follow(state: ConnectionState, run_pk: int, chat: dict[str, Any], facts: dic
 def accepted_payload(run: Run, session_key: str, session_id: str, queue_position: int | None) -> dict[str, Any]:
     """The first answer: the run is admitted (started, queued, or already open under this key)."""
     payload: dict[str, Any] = {
-        "runId": run.run_id, "sessionKey": session_key, "sessionId": session_id,
-        "agentId": agent_id_of(session_key), "status": "accepted", "acceptedAt": wire.now_ms(),
+        "runId": run.run_id,
+        "sessionKey": session_key,
+        "sessionId": session_id,
+        "agentId": agent_id_of(session_key),
+        "status": "accepted",
+        "acceptedAt": wire.now_ms(),
     }
     if run.state == RunState.QUEUED and queue_position is not None:
         payload["queuePosition"] = queue_position
@@ -132,13 +161,21 @@ def final_answer(run: Run | None, run_id: str, session_key: str) -> tuple[dict[s
         inp, outp = run.prompt_tokens, run.completion_tokens
         total = inp + outp if inp is not None and outp is not None else None
         return {
-            "runId": run.run_id, "status": "ok", "summary": "completed", "sessionKey": session_key,
+            "runId": run.run_id,
+            "status": "ok",
+            "summary": "completed",
+            "sessionKey": session_key,
             "result": {
                 "payloads": [{"text": run.reply, "mediaUrl": None}] if run.reply else [],
-                "meta": {"durationMs": duration, "agentMeta": {
-                    "sessionId": str(run.session_generation), "provider": agent.get("backend"),
-                    "model": agent.get("model"), "usage": {"input": inp, "output": outp, "total": total},
-                }},
+                "meta": {
+                    "durationMs": duration,
+                    "agentMeta": {
+                        "sessionId": str(run.session_generation),
+                        "provider": agent.get("backend"),
+                        "model": agent.get("model"),
+                        "usage": {"input": inp, "output": outp, "total": total},
+                    },
+                },
             },
         }, None
     details: dict[str, Any] = {"runId": run_id}

@@ -56,13 +56,19 @@ async def _final(conn: Conn, run: Run, key: str) -> Reply:
     ended = await _wait_end(run)
     if ended is None:
         # Gone with its deleted session: that ended it (aborted, stopReason delete).
-        conn.state.track_run(run.pk, terminal=True, run_id=run.run_id, session_key=key,
-                             session_id=str(run.session_generation))
+        conn.state.track_run(
+            run.pk, terminal=True, run_id=run.run_id, session_key=key, session_id=str(run.session_generation)
+        )
     elif not ended.is_terminal:
-        return Reply({"runId": run.run_id, "status": "in_flight", "sessionKey": key}, {
-            "code": "UNAVAILABLE", "message": "the run did not end within its timeout",
-            "details": {"runId": run.run_id}, "retryable": True,
-        })
+        return Reply(
+            {"runId": run.run_id, "status": "in_flight", "sessionKey": key},
+            {
+                "code": "UNAVAILABLE",
+                "message": "the run did not end within its timeout",
+                "details": {"runId": run.run_id},
+                "retryable": True,
+            },
+        )
     else:
         await _deliver_terminal(conn, ended, key)
     payload, error = agent.final_answer(ended, run.run_id, key)

@@ -33,9 +33,15 @@ def terminal_agent(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 async def wait_agent_end(client: Any, run_id: str, timeout: float = 5.0) -> dict[str, Any]:
-    ev = await client.wait_event(lambda e: e["event"] == "agent" and e["payload"]["runId"] == run_id
-                                 and e["payload"]["stream"] == "lifecycle"
-                                 and e["payload"]["data"]["phase"] in ("end", "error"), timeout)
+    ev = await client.wait_event(
+        lambda e: (
+            e["event"] == "agent"
+            and e["payload"]["runId"] == run_id
+            and e["payload"]["stream"] == "lifecycle"
+            and e["payload"]["data"]["phase"] in ("end", "error")
+        ),
+        timeout,
+    )
     payload: dict[str, Any] = ev["payload"]
     return payload
 
@@ -147,13 +153,18 @@ async def test_abort_mid_stream(client):
     rid = await client.send("agent", agent_params("w [[words:50]] [[tick:40]]", "a1"), rid="a1")
     await client.wait_event(lambda e: e["event"] == "agent" and e["payload"]["stream"] == "assistant")
     assert (await client.ok("chat.abort", {"sessionKey": "main", "runId": "a1"}))["aborted"] is True
-    accepted, final = await client.wait_answers(rid, 2)
+    _accepted, final = await client.wait_answers(rid, 2)
     assert final["ok"] is False and final["payload"]["status"] == "aborted"
     assert final["error"]["details"] == {"runId": "a1", "stopReason": "rpc"}
     events = client.agent_events("a1")
     assert_well_formed(events)
     assert events[-1]["data"] | {"endedAt": 0, "startedAt": 0} == {
-        "phase": "end", "aborted": True, "stopReason": "rpc", "endedAt": 0, "startedAt": 0}
+        "phase": "end",
+        "aborted": True,
+        "stopReason": "rpc",
+        "endedAt": 0,
+        "startedAt": 0,
+    }
     await client.drain(0.3)
     assert len(terminal_agent(client.agent_events("a1"))) == 1
 
@@ -173,12 +184,13 @@ async def test_abort_racing_the_end_has_one_terminal_that_the_answer_agrees_with
         else:
             assert chat_end["state"] == "aborted" and final["payload"]["status"] == "aborted"
             assert events[-1]["data"]["aborted"] is True
-        assert [a[1] for a in await audit(f"r{i}")].count("done") + [
-            a[1] for a in await audit(f"r{i}")].count("killed") == 1
+        assert [a[1] for a in await audit(f"r{i}")].count("done") + [a[1] for a in await audit(f"r{i}")].count(
+            "killed"
+        ) == 1
 
 
 async def test_timeout_is_in_seconds_and_ends_with_an_error(client):
-    accepted, final = await call_agent(client, agent_params("[[hang]]", "t1", timeout=1), timeout=5)
+    _accepted, final = await call_agent(client, agent_params("[[hang]]", "t1", timeout=1), timeout=5)
     assert (await run_row("t1")).timeout_ms == 1000
     assert final["ok"] is False and final["payload"]["status"] == "timeout"
     assert final["error"]["details"]["errorKind"] == "timeout"
@@ -216,12 +228,22 @@ async def test_without_session_key_the_run_goes_to_the_main_session(client):
 
 
 async def test_ignored_params_and_bad_params(client):
-    extra = {"thinking": "low", "deliver": False, "channel": "x", "label": "l", "model": "m", "provider": "p",
-             "extraSystemPrompt": "be brief"}
+    extra = {
+        "thinking": "low",
+        "deliver": False,
+        "channel": "x",
+        "label": "l",
+        "model": "m",
+        "provider": "p",
+        "extraSystemPrompt": "be brief",
+    }
     _accepted, final = await call_agent(client, agent_params("hi", "i1", **extra))
     assert final["payload"]["status"] == "ok"
-    for bad, field in ((agent_params("hi", "b1", timeout="5"), "timeout"), (agent_params("", "b2"), "message"),
-                       ({"message": "hi", "sessionKey": "main"}, "idempotencyKey")):
+    for bad, field in (
+        (agent_params("hi", "b1", timeout="5"), "timeout"),
+        (agent_params("", "b2"), "message"),
+        ({"message": "hi", "sessionKey": "main"}, "idempotencyKey"),
+    ):
         res = await client.call("agent", bad)
         assert res["error"]["code"] == "INVALID_REQUEST" and res["error"]["details"]["field"] == field
     assert (await counts())["runs"] == 1
@@ -252,16 +274,28 @@ def test_translation_fills_in_what_a_connection_missed() -> None:
     """A connection that missed a delta gets the rest in the next one, and the tail at the end."""
     base = {"runId": "r", "sessionKey": "agent:main:k", "sessionId": "s"}
     message = {"role": "assistant", "content": [{"type": "text", "text": "one two three"}], "timestamp": 5}
-    delta, replied = agent.agent_events({**base, "seq": 4, "state": "delta", "deltaText": " two",
-                                         "message": {**message, "content": [{"type": "text", "text": "one two"}]}},
-                                        None, 3)
+    delta, replied = agent.agent_events(
+        {
+            **base,
+            "seq": 4,
+            "state": "delta",
+            "deltaText": " two",
+            "message": {**message, "content": [{"type": "text", "text": "one two"}]},
+        },
+        None,
+        3,
+    )
     assert [(e["seq"], e["data"]["delta"]) for e in delta] == [(4, " two")] and replied == 7
-    final, replied = agent.agent_events({**base, "seq": 6, "state": "final", "stopReason": "stop",
-                                         "message": message}, {"outputTokens": 3, "startedAt": 1}, 7)
+    final, replied = agent.agent_events(
+        {**base, "seq": 6, "state": "final", "stopReason": "stop", "message": message},
+        {"outputTokens": 3, "startedAt": 1},
+        7,
+    )
     assert [(e["seq"], e["stream"]) for e in final] == [(6, "assistant"), (7, "usage"), (8, "lifecycle")]
     assert final[0]["data"] == {"text": "one two three", "delta": " three"}
     assert final[1]["data"] == {"outputTokens": 3} and final[2]["data"]["endedAt"] == 5
     # nothing missed: just the end, at the terminal's own seq
-    final, _ = agent.agent_events({**base, "seq": 6, "state": "final", "stopReason": "stop", "message": message},
-                                  None, 13)
+    final, _ = agent.agent_events(
+        {**base, "seq": 6, "state": "final", "stopReason": "stop", "message": message}, None, 13
+    )
     assert [(e["seq"], e["data"]["phase"]) for e in final] == [(6, "end")]
