@@ -6,8 +6,9 @@ import asyncio
 from typing import Any
 
 import pytest
+from channels.layers import get_channel_layer
 
-from chat import agent
+from chat import agent, groups
 from tests.support.communicator import open_client
 from tests.support.db import audit, counts, run_row, terminal_events
 
@@ -299,3 +300,19 @@ def test_translation_fills_in_what_a_connection_missed() -> None:
         {**base, "seq": 6, "state": "final", "stopReason": "stop", "message": message}, None, 13
     )
     assert [(e["seq"], e["data"]["phase"]) for e in final] == [(6, "end")]
+
+
+async def test_a_caller_that_missed_every_event_still_gets_them_before_its_final_answer(alice, client):
+    """The layer loses all of the run's events for this connection: it sends them itself, then answers."""
+    layer = get_channel_layer()
+    group = groups.user_group(alice[0].pk)
+    for name in list(layer.groups[group]):
+        await layer.group_discard(group, name)
+    _accepted, final = await call_agent(client, agent_params("nobody hears this", "lost"), timeout=8)
+    assert final["payload"]["status"] == "ok"
+    events = client.agent_events("lost")
+    assert client.frames.index(final) > max(i for i, f in enumerate(client.frames) if f.get("event") == "agent")
+    ends = terminal_agent(events)
+    assert len(ends) == 1 and events[-1] is ends[0]
+    text = "".join(e["data"]["delta"] for e in events if e["stream"] == "assistant")
+    assert text == "echo: nobody hears this"
