@@ -11,7 +11,8 @@ class ChatConfig(AppConfig):
         # Imported here, not at module top: they import models, which Django loads after app configs.
         from sessions_app import signals
 
-        from . import metrics, receivers  # metrics registers its collectors on import
+        # On import, metrics registers its collectors and agent_method the `agent` method.
+        from . import agent_method, metrics, receivers  # noqa: F401
 
         signals.run_transitioned.connect(receivers.on_run_transitioned, dispatch_uid="chat-run-transitioned")
         signals.session_changed.connect(receivers.on_session_changed, dispatch_uid="chat-session-changed")

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from sessions_app.models import TERMINAL_STATES
 
-from . import wire
+from . import agent, wire
 from .protocol import Scope
 from .repair import Snapshot
 
@@ -35,6 +35,7 @@ class RunView:
     session_id: str
     seq: int = 0
     terminal: bool = False
+    replied: int = 0  # how much reply text its `agent` assistant events have carried
 
 
 @dataclass
@@ -145,7 +146,7 @@ class ConnectionState:
             if ended.ended_at >= self.connected_at and self.may_see(ended.owner_id) and self.admit_chat(
                 pk, ended.payload
             ):
-                events.append(("chat", ended.payload))
+                events += agent.follow(self, pk, ended.payload, ended.facts)
         for pk in self.open_run_pks():
             if pk not in snap.asked:
                 continue  # opened after the snapshot was read: the next pass covers it
@@ -155,7 +156,7 @@ class ConnectionState:
                 # made up; the run is closed here, and the row's deletion says the rest.
                 self.runs[pk].terminal = True
             elif stored["state"] in TERMINAL_STATES and self.admit_chat(pk, stored["payload"]):
-                events.append(("chat", stored["payload"]))
+                events += agent.follow(self, pk, stored["payload"], stored.get("facts"))
         if not self.subscribed:
             return events
         for session_pk, (owner_id, row) in snap.rows.items():

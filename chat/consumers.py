@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 import secrets
 import uuid
 from typing import Any
@@ -20,7 +21,7 @@ from django.conf import settings
 from gatewayproject import logs
 from sessions_app.tokens import authenticate_token, hash_token, still_authorized
 
-from . import groups, handshake, methods, metrics, protocol, wire
+from . import agent, groups, handshake, methods, metrics, protocol, wire
 from .connection import ConnectionState
 from .db import db_read, db_write
 from .delivery import encode
@@ -46,6 +47,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         self.token_hash: str | None = None
         self.bucket = TokenBucket()
         self.tasks: set[asyncio.Task[Any]] = set()
+        self.busy = False
+        self.deferred: deque[dict[str, Any]] = deque()
         await runtime.ensure_started()
         await self.accept()
         await self.send_event("connect.challenge", {"nonce": secrets.token_hex(16), "ts": wire.now_ms()})
@@ -70,7 +73,26 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:
             raise ValueError(f"No handler for message type {message['type']}")
-        await handler(message)
+        if not message["type"].startswith("websocket."):
+            await handler(message)
+            return
+        # A client frame: events that arrive while it is handled wait for its answer, as a
+        # consumer's own channel would have made them (no event of a run before the ack
+        # that closes it for this connection, §4).
+        self.busy = True
+        try:
+            await handler(message)
+        finally:
+            while self.deferred:
+                await self.dispatch(self.deferred.popleft())
+            self.busy = False
+
+    async def deliver(self, message: dict[str, Any]) -> None:
+        """An event from the process's channel (`chat.hub`): now, or after the frame being handled."""
+        if self.busy:
+            self.deferred.append(message)
+        else:
+            await self.dispatch(message)
 
     # --- inbound --------------------------------------------------------------------------------
 
@@ -111,6 +133,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             await self._reply_error(request.id, ProtocolError("INTERNAL", "internal error"))
             return
         if reply.wait is not None:
+            if reply.payload is not None or reply.error is not None:
+                await self._send_reply(request.id, reply)  # the first of two answers (agent)
             self.state.held_acks += 1
             self._spawn(self._send_held(request.id, reply))
             return
@@ -187,12 +211,16 @@ class GatewayConsumer(AsyncWebsocketConsumer):
     async def gateway_chat(self, message: dict[str, Any]) -> None:
         """A run event from the layer (its payload already encoded: see `delivery.chat_message`)."""
         state = self.state
+        run_pk = int(message["run"])
         if (
             state.authed
             and state.may_see(int(message["owner"]), via_operators=message.get("via") == "operators")
-            and state.admit_chat(int(message["run"]), message)
+            and state.admit_chat(run_pk, message)
         ):
             await self._send_event_json("chat", message["json"])
+            # then its `agent` events (§12), per connection: what this one has had of the reply
+            _chat, *agent_events = agent.follow(state, run_pk, message["payload"], message.get("agent"))
+            await self.send_events(agent_events)
 
     async def gateway_session(self, message: dict[str, Any]) -> None:
         """A sessions.changed from the layer (encoded: see `delivery.session_message`)."""

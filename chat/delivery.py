@@ -29,14 +29,14 @@ log = logging.getLogger(__name__)
 def chat_message(owner_id: int, run_pk: int, payload: dict[str, Any]) -> dict[str, Any]:
     """A layer message carrying a `chat` event of one run.
 
-    The payload travels encoded once, as JSON text (the layer copies or serialises a
-    message for every receiving connection, and each would encode it again), beside
-    the few fields a connection's filter reads.
+    The payload travels encoded once, as JSON text, for every connection to send as it is,
+    beside the fields a connection's filter reads and the payload itself (for the `agent`
+    events derived from it).
     """
     return {
         "type": "gateway.chat", "owner": owner_id, "run": run_pk,
         "runId": payload["runId"], "sessionKey": payload["sessionKey"], "sessionId": payload["sessionId"],
-        "seq": payload["seq"], "state": payload["state"], "json": encode(payload),
+        "seq": payload["seq"], "state": payload["state"], "json": encode(payload), "payload": payload,
     }
 
 

@@ -25,7 +25,7 @@ CHANNEL_PREFIX = "gateway"  # channel_capacity in settings matches it: every eve
 
 
 class Member(Protocol):
-    async def dispatch(self, message: dict[str, Any]) -> None: ...
+    async def deliver(self, message: dict[str, Any]) -> None: ...
 
 
 class Hub:
@@ -77,7 +77,7 @@ class Hub:
             group = groups.OPERATORS if message.get("via") == "operators" else groups.user_group(message["owner"])
             for member in list(self.members.get(group, ())):
                 try:
-                    await member.dispatch(message)
+                    await member.deliver(message)
                 except Exception:  # one closing socket must not stop the others
                     log.debug("delivery to one connection failed", exc_info=True)
         elif self.on_control is not None:

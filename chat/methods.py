@@ -30,6 +30,8 @@ class Conn(Protocol):
 
     async def join_group(self, group: str) -> None: ...
 
+    async def send_events(self, events: list[tuple[str, dict[str, Any]]]) -> None: ...
+
 
 @dataclass
 class Reply:
@@ -37,7 +39,9 @@ class Reply:
 
     payload: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
-    wait: Callable[[], Awaitable[Reply]] | None = None  # a held ack (waitMs), sent later
+    # A held answer (waitMs; agent's final), sent later. With a payload or error too, that is
+    # answered first: two responses under one request id (agent, §12).
+    wait: Callable[[], Awaitable[Reply]] | None = None
 
     @property
     def ok(self) -> bool:
@@ -104,8 +108,8 @@ async def health(conn: Conn, params: dict[str, Any]) -> Reply:
 # --- chat.send / sessions.steer ------------------------------------------------------------------
 
 
-def _ack_reply(conn: Conn, outcome: SendOutcome, status: AckStatus | None = None) -> Reply:
-    """The ack of an admission (or, for a held ack, of the run as it is now)."""
+def refuse_unadmitted(outcome: SendOutcome) -> None:
+    """Raise the error of an admission that produced no run of its own: a conflict, a full queue."""
     if outcome.admission == "conflict":
         raise ProtocolError(
             "CONFLICT", "idempotencyKey was already used with a different message",
@@ -116,6 +120,11 @@ def _ack_reply(conn: Conn, outcome: SendOutcome, status: AckStatus | None = None
             "RATE_LIMITED", f"the session queue is full ({settings.GATEWAY_QUEUE_MAX})",
             reason="queue-full", retryable=True, retry_after_ms=1000,
         )
+
+
+def _ack_reply(conn: Conn, outcome: SendOutcome, status: AckStatus | None = None) -> Reply:
+    """The ack of an admission (or, for a held ack, of the run as it is now)."""
+    refuse_unadmitted(outcome)
     session, run = outcome.session, outcome.run
     assert run is not None
     status = status or wire.ack_status(outcome)
@@ -136,22 +145,34 @@ async def _send(conn: Conn, params: dict[str, Any], *, steer: bool) -> Reply:
     if steer:
         send.queue_mode = "interrupt"
     if send.command is not None:
-        return await _command(conn, send, send.command)
-    if not runtime.accepting:
-        raise ProtocolError("UNAVAILABLE", "server is shutting down", retryable=True, retry_after_ms=1000)
-    if send.wait_ms > 0 and conn.state.held_acks >= settings.GATEWAY_MAX_HELD_ACKS:
-        raise ProtocolError(
-            "RATE_LIMITED", f"at most {settings.GATEWAY_MAX_HELD_ACKS} acks may be held by waitMs at once",
-            field="waitMs", reason="too-many-held-acks", retryable=True, retry_after_ms=1000,
-        )
-    # A key seen before is answered from what is stored, without a write (§4).
-    outcome = await db_read(_known_send, conn.state.user_id, send)
-    if outcome is None:
-        outcome = await _admit(conn, send, steer=steer)
+        return await command(conn, send)
+    if send.wait_ms > 0:
+        check_held(conn, "waitMs")
+    outcome = await admit(conn, send, steer=steer)
     reply = _ack_reply(conn, outcome)
     if send.wait_ms > 0 and outcome.run is not None and wire.ack_status(outcome) in wire.LIVE_ACKS:
         return Reply(wait=lambda: _held_ack(conn, outcome, send))
     return reply
+
+
+def check_held(conn: Conn, field: str) -> None:
+    """Refuse one more held answer over the connection's limit (nothing is stored)."""
+    if conn.state.held_acks >= settings.GATEWAY_MAX_HELD_ACKS:
+        raise ProtocolError(
+            "RATE_LIMITED", f"at most {settings.GATEWAY_MAX_HELD_ACKS} answers may be held at once",
+            field=field, reason="too-many-held-acks", retryable=True, retry_after_ms=1000,
+        )
+
+
+async def admit(conn: Conn, send: protocol.ChatSendParams, *, steer: bool = False) -> SendOutcome:
+    """Admission of a validated send (chat.send, sessions.steer, agent): one path for all."""
+    if not runtime.accepting:
+        raise ProtocolError("UNAVAILABLE", "server is shutting down", retryable=True, retry_after_ms=1000)
+    # A key seen before is answered from what is stored, without a write (§4).
+    outcome = await db_read(_known_send, conn.state.user_id, send)
+    if outcome is None:
+        outcome = await _admit(conn, send, steer=steer)
+    return outcome
 
 
 def _known_send(owner_id: int, send: protocol.ChatSendParams) -> SendOutcome | None:
@@ -200,8 +221,10 @@ async def _held_ack(conn: Conn, outcome: SendOutcome, send: protocol.ChatSendPar
     return _ack_reply(conn, SendOutcome(outcome.admission, run, session, position), status)
 
 
-async def _command(conn: Conn, send: protocol.ChatSendParams, command: str) -> Reply:
+async def command(conn: Conn, send: protocol.ChatSendParams) -> Reply:
     """Inline commands: no run is created (§4)."""
+    command = send.command
+    assert command is not None
     owner_id = conn.state.user_id
     if command in protocol.STOP_COMMANDS:
         session, killed = await call(sessions.abort_all, owner_id=owner_id, key=send.key, stop_reason="stop",
@@ -319,14 +342,15 @@ def _row(session_pk: int) -> dict[str, Any] | None:
 async def sessions_create(conn: Conn, params: dict[str, Any]) -> Reply:
     agent_id = protocol.get_str(params, "agentId", required=False, max_len=64, pattern=protocol.AGENT_ID_RE)
     label = protocol.get_str(params, "label", required=False, min_len=0, max_len=200) or ""
-    raw_key = protocol.get_str(params, "sessionKey", required=False, max_len=220)
+    name = protocol.session_key_name(params)
+    raw_key = protocol.get_str(params, name, required=False, max_len=220)
     key: str | None = None
     if raw_key is not None:
         if agent_id and not raw_key.startswith("agent:"):
             raw_key = f"agent:{agent_id}:{raw_key}"
-        key, key_agent = protocol.canonical_key(raw_key)
+        key, key_agent = protocol.canonical_key(raw_key, field=name)
         if agent_id and agent_id != key_agent:
-            raise invalid("agentId does not match sessionKey", field="agentId")
+            raise invalid(f"agentId does not match {name}", field="agentId")
         agent_id = key_agent
     agent_id = agent_id or "main"
     if agent_id not in settings.GATEWAY_AGENTS:

@@ -19,7 +19,7 @@ from django.conf import settings
 
 PROTOCOL_VERSION = 4
 
-EVENTS = ["connect.challenge", "chat", "sessions.changed", "tick", "shutdown"]
+EVENTS = ["connect.challenge", "chat", "agent", "sessions.changed", "tick", "shutdown"]
 
 
 class Scope(StrEnum):
@@ -189,18 +189,30 @@ def canonical_key(raw: str, *, field: str = "sessionKey") -> tuple[str, str]:
     if raw.startswith("agent:"):
         parts = raw.split(":", 2)
         if len(parts) != 3 or not AGENT_ID_RE.fullmatch(parts[1]) or not KEY_NAME_RE.fullmatch(parts[2]):
-            raise invalid("sessionKey must be agent:<agentId>:<name>", field=field)
+            raise invalid(f"{field} must be agent:<agentId>:<name>", field=field)
         agent_id, name = parts[1], parts[2]
     else:
         if not KEY_NAME_RE.fullmatch(raw):
-            raise invalid("sessionKey name must be 1..200 chars of [A-Za-z0-9._:-]", field=field)
+            raise invalid(f"{field} name must be 1..200 chars of [A-Za-z0-9._:-]", field=field)
         agent_id, name = "main", raw
     if agent_id not in settings.GATEWAY_AGENTS:
         raise ProtocolError("NOT_FOUND", f"unknown agent: {agent_id}", field=field)
     return f"agent:{agent_id}:{name}", agent_id
 
 
-def session_key_param(params: dict[str, Any], name: str = "sessionKey") -> tuple[str, str]:
+def session_key_name(params: dict[str, Any]) -> str:
+    """Which param names the session: `sessionKey`, or its synonym `key` (OpenClaw's Node client)."""
+    return "key" if params.get("sessionKey") is None and params.get("key") is not None else "sessionKey"
+
+
+def session_key_param(params: dict[str, Any]) -> tuple[str, str]:
+    """The canonical key and agent id of the session a request names by `sessionKey` or `key`.
+
+    Errors name whichever of the two the client sent. Both present and different is an error.
+    """
+    name = session_key_name(params)
+    if name == "sessionKey" and params.get("key") is not None and params.get("key") != params.get("sessionKey"):
+        raise invalid("key and sessionKey name different sessions", field="key")
     raw = get_str(params, name, max_len=220)
     assert raw is not None
     return canonical_key(raw, field=name)
@@ -330,3 +342,41 @@ def parse_chat_send(params: dict[str, Any]) -> ChatSendParams:
         key=key, agent_id=agent_id, message=message, run_id=run_id, attachments=attachments,
         timeout_ms=timeout_ms or settings.GATEWAY_DEFAULT_TIMEOUT_MS, wait_ms=wait_ms or 0, queue_mode=queue_mode,
     )
+
+
+# --- agent (PROTOCOL.md §12) ----------------------------------------------------------------
+
+# `agent` params this gateway accepts and ignores (docs/protocol-notes.md).
+AGENT_IGNORED = ("thinking", "deliver", "channel", "provider", "model", "extraSystemPrompt", "label")
+
+
+def parse_agent(params: dict[str, Any]) -> ChatSendParams:
+    """Validate `agent` params as the `chat.send` they stand for: same checks, same admission.
+
+    `sessionKey` (or `key`) is optional: without it the run goes to the agent's main session.
+    `timeout` is in seconds (OpenClaw's unit). A bare key plus `agentId` means
+    `agent:<agentId>:<key>`, as in `sessions.create`.
+    """
+    agent_id = get_str(params, "agentId", required=False, max_len=64, pattern=AGENT_ID_RE)
+    if agent_id is not None and agent_id not in settings.GATEWAY_AGENTS:
+        raise ProtocolError("NOT_FOUND", f"unknown agent: {agent_id}", field="agentId")
+    name = session_key_name(params)
+    raw_key = get_str(params, name, required=False, max_len=220)
+    if raw_key is None:
+        raw_key = f"agent:{agent_id or 'main'}:main"
+    elif agent_id is not None and not raw_key.startswith("agent:"):
+        raw_key = f"agent:{agent_id}:{raw_key}"
+    key, key_agent = canonical_key(raw_key, field=name)
+    if agent_id is not None and agent_id != key_agent:
+        raise invalid(f"agentId does not match {name}", field="agentId")
+    timeout = params.get("timeout")
+    timeout_ms: int | None = None
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 1 <= timeout <= 3600:
+            raise invalid("timeout must be a number of seconds between 1 and 3600", field="timeout")
+        timeout_ms = int(timeout * 1000)
+    mapped: dict[str, Any] = {
+        "sessionKey": key, "message": params.get("message"), "idempotencyKey": params.get("idempotencyKey"),
+        "attachments": params.get("attachments"), "timeoutMs": timeout_ms, "queueMode": params.get("queueMode"),
+    }
+    return parse_chat_send({k: v for k, v in mapped.items() if v is not None})

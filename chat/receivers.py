@@ -20,7 +20,7 @@ from django.db import transaction
 
 from sessions_app.models import ACTIVE_STATES, TERMINAL_STATES, ChatSession, Run, RunState
 
-from . import wire
+from . import agent, wire
 from .delivery import broadcaster, chat_message, session_message
 from .runtime import hooks
 
@@ -34,6 +34,7 @@ def on_run_transitioned(
     # transition must not overtake this one's events. Every callback is robust, so a failed
     # broadcast never costs a run its worker (repair re-sends what a broadcast lost).
     event = chat_message(owner_id, run.pk, wire.chat_payload(run, session.key))
+    event["agent"] = agent.run_facts(run)  # what its `agent` events add to the chat payload
     transaction.on_commit(partial(broadcaster.send, owner_id, event), robust=True)
     if row_changed:
         _row_changed(session, reason, run.run_id)

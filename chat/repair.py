@@ -27,7 +27,7 @@ from django.utils import timezone
 from sessions_app import selectors
 from sessions_app.models import TERMINAL_STATES, ChatSession, Run
 
-from . import wire
+from . import agent, wire
 from .db import db_read
 
 if TYPE_CHECKING:
@@ -42,6 +42,7 @@ class EndedRun:
     owner_id: int
     ended_at: datetime
     payload: dict[str, Any]
+    facts: dict[str, Any] | None = None  # for its `agent` events
 
 
 @dataclass
@@ -109,6 +110,7 @@ def take_snapshot(
             entry: dict[str, Any] = {"state": run.state}
             if run.state in TERMINAL_STATES:
                 entry["payload"] = wire.chat_payload(run, run.session.key)
+                entry["facts"] = agent.run_facts(run)
             snap.runs[run.pk] = entry
     ended = scanner.runs.window(Run.objects.select_related("session").exclude(ended_at=None), "ended_at")
     if owners is not None:
@@ -117,7 +119,7 @@ def take_snapshot(
     for run in batch:
         assert run.ended_at is not None
         snap.ended[run.pk] = EndedRun(
-            run.session.owner_id, run.ended_at, wire.chat_payload(run, run.session.key)
+            run.session.owner_id, run.ended_at, wire.chat_payload(run, run.session.key), agent.run_facts(run)
         )
     scanner.runs.advance(batch, "ended_at", scan_started)
     if want_rows:

@@ -73,7 +73,10 @@ def test_repair_sends_the_stored_terminal_once() -> None:
     s.track_run(7, terminal=False, run_id="r", session_key="k", session_id="g")
     final = chat("r", 4, "final")
     snap = Snapshot(asked={7}, runs={7: {"state": "done", "payload": final}})
-    assert s.repair_events(snap) == [("chat", final)]
+    events = s.repair_events(snap)
+    assert events[0] == ("chat", final)
+    # its `agent` events come with it (§12): the end, at the terminal's seq
+    assert [(name, p["seq"], p["data"]["phase"]) for name, p in events[1:]] == [("agent", 4, "end")]
     assert s.repair_events(snap) == []
 
 
@@ -93,7 +96,8 @@ def test_repair_skips_runs_that_ended_before_the_connection() -> None:
     new = EndedRun(owner_id=1, ended_at=timezone.now() + timedelta(seconds=1), payload=chat("new", 3, "final"))
     other = EndedRun(owner_id=2, ended_at=timezone.now() + timedelta(seconds=1), payload=chat("x", 3, "final"))
     events = s.repair_events(Snapshot(ended={1: old, 2: new, 3: other}))
-    assert events == [("chat", new.payload)]
+    assert [e for e in events if e[0] == "chat"] == [("chat", new.payload)]
+    assert {p["runId"] for name, p in events if name == "agent"} == {"new"}
 
 
 def test_repair_of_rows_and_deletions() -> None:

@@ -17,6 +17,7 @@ class ProtocolClient:
 
     def __init__(self) -> None:
         self.events: list[dict[str, Any]] = []
+        self.frames: list[dict[str, Any]] = []  # everything received, in order
         self.responses: dict[str, dict[str, Any]] = {}
         self.closed: int | None = None
         self.hello: dict[str, Any] | None = None
@@ -37,6 +38,7 @@ class ProtocolClient:
         if text is None:
             return None
         frame: dict[str, Any] = json.loads(text)
+        self.frames.append(frame)
         if frame["type"] == "event":
             self.events.append(frame)
         elif frame["type"] == "res":
@@ -116,6 +118,26 @@ class ProtocolClient:
         if self.closed is None:
             raise AssertionError("socket not closed")
         return self.closed
+
+    def answers(self, rid: str) -> list[dict[str, Any]]:
+        """Every response to request `rid`, in order (`agent` answers twice)."""
+        return [f for f in self.frames if f["type"] == "res" and f["id"] == rid]
+
+    async def wait_answers(self, rid: str, count: int, timeout: float = 5.0) -> list[dict[str, Any]]:
+        """The first `count` responses to `rid`, waiting for them."""
+        deadline = time.monotonic() + timeout
+        while len(self.answers(rid)) < count:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self.closed is not None:
+                raise AssertionError(f"{len(self.answers(rid))} of {count} answers to {rid}; closed={self.closed}")
+            try:
+                await self._pump_one(remaining)
+            except TimeoutError:
+                continue
+        return self.answers(rid)[:count]
+
+    def agent_events(self, run_id: str) -> list[dict[str, Any]]:
+        return [e["payload"] for e in self.events if e["event"] == "agent" and e["payload"]["runId"] == run_id]
 
     def chat_events(self, run_id: str) -> list[dict[str, Any]]:
         return [e["payload"] for e in self.events if e["event"] == "chat" and e["payload"]["runId"] == run_id]
