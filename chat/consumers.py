@@ -20,7 +20,7 @@ from django.conf import settings
 from gatewayproject import logs
 from sessions_app.tokens import authenticate_token, hash_token, still_authorized
 
-from . import groups, handshake, methods, metrics, protocol, wire
+from . import groups, handshake, methods, metrics, outbound, protocol, wire
 from .connection import ConnectionState
 from .db import db_read, db_write
 from .protocol import ProtocolError, invalid
@@ -33,10 +33,19 @@ log = logging.getLogger(__name__)
 class GatewayConsumer(AsyncWebsocketConsumer):
     """One client connection speaking protocol v4."""
 
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        # However the consumer ends (a handler fault, a failed send, cancellation), it leaves
+        # the registry and its groups: nothing keeps a dead connection alive.
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.release()
+
     async def connect(self) -> None:
         self.conn_id = uuid.uuid4().hex
         logs.conn_id.set(self.conn_id)
         self.state = ConnectionState()
+        self.outbound = outbound.Outbound(self, self.scope, self.release)
         self.event_seq = 0
         self.token_hash: str | None = None
         self.bucket = TokenBucket()
@@ -47,11 +56,25 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         self._spawn(self._connect_deadline())
 
     async def disconnect(self, code: int) -> None:
-        # Channels leaves `self.groups` after this returns.
         metrics.websocket_closed(code)
-        for task in list(self.tasks):
-            task.cancel()
+        await self.release()
+
+    async def release(self) -> None:
+        """Leave the registry and every group, stop this connection's tasks (idempotent)."""
         runtime.connections.discard(self)
+        current = asyncio.current_task()
+        for task in list(getattr(self, "tasks", ())):
+            if task is not current:
+                task.cancel()
+        joined, self.groups = list(self.groups), []
+        layer = self.channel_layer
+        for group in joined:
+            if layer is None:
+                break
+            try:
+                await layer.group_discard(group, self.channel_name)
+            except Exception:
+                log.warning("leaving group %s failed", group, exc_info=True)
 
     # --- inbound --------------------------------------------------------------------------------
 
@@ -197,7 +220,9 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         await self.send_event("shutdown", {"reason": reason})
 
     async def _send_frame(self, frame: dict[str, Any]) -> None:
-        await self.send(text_data=json.dumps(frame, separators=(",", ":")))
+        # Within maxPayload and maxBufferedBytes, or the connection ends cleanly (chat.outbound).
+        await self.outbound.send(json.dumps(frame, separators=(",", ":")),
+                                 response_id=frame["id"] if frame["type"] == "res" else None)
 
     async def _reply_error(self, rid: str, exc: ProtocolError) -> None:
         await self._send_frame(protocol.response_error(rid, exc.to_error()))
@@ -215,6 +240,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
                 await self.close(code=handshake.CLOSE_POLICY)
                 return
             await self.send_event("tick", {"ts": wire.now_ms()})
+            if self.outbound.closing:
+                return
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)

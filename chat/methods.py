@@ -14,7 +14,7 @@ from sessions_app.lifecycle import LifecycleError, runs, sessions
 from sessions_app.lifecycle.runs import SendOutcome, SendRequest
 from sessions_app.models import RunState
 
-from . import groups, metrics, protocol, wire
+from . import groups, metrics, outbound, protocol, wire
 from .connection import ConnectionState
 from .db import db_read, db_write
 from .protocol import ProtocolError, Scope, invalid
@@ -257,7 +257,8 @@ async def chat_history(conn: Conn, params: dict[str, Any]) -> Reply:
         if isinstance(before_raw, bool) or not isinstance(before_raw, str | int) or not str(before_raw).isdigit():
             raise invalid("beforeId must be a message id", field="beforeId")
         before_id = int(before_raw)
-    return Reply(await db_read(_history, conn.state.user_id, key, limit, before_id))
+    # paged by bytes as well as by count: the page must fit in one frame (maxPayload)
+    return Reply(outbound.fit_history(await db_read(_history, conn.state.user_id, key, limit, before_id)))
 
 
 # --- sessions.* --------------------------------------------------------------------------------

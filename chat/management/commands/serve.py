@@ -13,6 +13,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 from twisted.internet import reactor
 
+from chat.outbound import with_buffer_probe
 from chat.runtime.gateway import runtime
 from gatewayproject.asgi import application
 from gatewayproject.logs import access_logger
@@ -31,7 +32,8 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         host, port = options["host"], options["port"]
         server = daphne.server.Server(
-            application=application,
+            # each WebSocket sees how much its transport holds unsent (maxBufferedBytes)
+            application=with_buffer_probe(application),
             endpoints=build_endpoint_description_strings(host=host, port=port),
             websocket_max_message_size=settings.GATEWAY_MAX_PAYLOAD,
             signal_handlers=False,

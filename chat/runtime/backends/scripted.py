@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from .base import AgentBackend, BackendError, DispatchError, RunContext
 
 DIRECTIVE_RE = re.compile(r"\[\[(delay|tick|words|fail|hang)(?::([A-Za-z0-9]+))?\]\]")
+
+# Directives are clamped to these (a demo agent must not be a way to hold memory or a
+# run slot for ever); the reply is streamed as it is made, never built up front.
+MAX_WORDS = 10_000
+MAX_TICK_MS = 10_000
+MAX_DELAY_MS = 60_000
+MAX_REPLY_CHARS = 100_000
 
 
 @dataclass
@@ -27,12 +34,12 @@ def parse_script(message: str) -> Script:
     """Split directives out of `message`; what is left (whitespace folded) is the text."""
     script = Script(text="")
     for name, arg in DIRECTIVE_RE.findall(message):
-        if name == "delay" and arg.isdigit():
-            script.delay_ms = int(arg)
-        elif name == "tick" and arg.isdigit():
-            script.tick_ms = int(arg)
-        elif name == "words" and arg.isdigit():
-            script.words = int(arg)
+        if name == "delay" and _digits(arg):
+            script.delay_ms = min(int(arg), MAX_DELAY_MS)
+        elif name == "tick" and _digits(arg):
+            script.tick_ms = min(int(arg), MAX_TICK_MS)
+        elif name == "words" and _digits(arg):
+            script.words = min(int(arg), MAX_WORDS)
         elif name == "fail" and arg in ("setup", "dispatch", "stream"):
             script.fail = arg
         elif name == "hang":
@@ -41,12 +48,31 @@ def parse_script(message: str) -> Script:
     return script
 
 
-def reply_words(script: Script, attachments: list[dict[str, Any]]) -> list[str]:
-    """The reply `echo: <text>` as the chunks streamed, one word each."""
-    body = [f"word{i + 1}" for i in range(script.words)] if script.words is not None else script.text.split()
+def _digits(arg: str) -> bool:
+    # ASCII digits only, and short: int() of a 4000-digit string is itself a cost
+    return arg.isascii() and arg.isdigit() and len(arg) <= 9
+
+
+def reply_words(script: Script, attachments: list[dict[str, Any]]) -> Iterator[str]:
+    """The reply `echo: <text>` as the chunks streamed, one word each, at most MAX_REPLY_CHARS in all."""
+    budget = MAX_REPLY_CHARS
+    for chunk in _chunks(script, attachments):
+        if len(chunk) > budget:
+            return
+        budget -= len(chunk)
+        yield chunk
+
+
+def _chunks(script: Script, attachments: list[dict[str, Any]]) -> Iterator[str]:
+    yield "echo:"
+    if script.words is not None:
+        for i in range(script.words):
+            yield f" word{i + 1}"
+    else:
+        for word in script.text.split():
+            yield f" {word}"
     if attachments:
-        body.append(f"(+{len(attachments)} attachment{'s' if len(attachments) > 1 else ''})")
-    return ["echo:"] + [f" {w}" for w in body]
+        yield f" (+{len(attachments)} attachment{'s' if len(attachments) > 1 else ''})"
 
 
 class ScriptedBackend(AgentBackend):
