@@ -18,9 +18,9 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from gatewayproject import logs
-from sessions_app.tokens import authenticate_token, hash_token, still_authorized
+from sessions_app.tokens import authenticate_token, current_access, hash_token
 
-from . import groups, handshake, methods, metrics, outbound, protocol, wire
+from . import access, groups, handshake, methods, metrics, outbound, protocol, wire
 from .connection import ConnectionState
 from .db import db_read, db_write
 from .protocol import ProtocolError, invalid
@@ -48,6 +48,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         self.outbound = outbound.Outbound(self, self.scope, self.release)
         self.event_seq = 0
         self.token_hash: str | None = None
+        self.session_key: str | None = None  # the login session of a cookie socket
+        self.identity = access.Identity()
         self.bucket = TokenBucket()
         self.tasks: set[asyncio.Task[Any]] = set()
         await runtime.ensure_started()
@@ -157,7 +159,16 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             await self.close(code=handshake.CLOSE_POLICY)
             return
         state = self.state
+        if len(runtime.connections.of_user(identity[0])) >= settings.GATEWAY_MAX_CONNECTIONS_PER_USER:
+            # one user cannot crowd out everyone else (per process)
+            await self._reply_error(request.id, ProtocolError(
+                "RATE_LIMITED", f"at most {settings.GATEWAY_MAX_CONNECTIONS_PER_USER} connections per user",
+                reason="too-many-connections", retryable=True, retry_after_ms=5000,
+            ))
+            await self.close(code=handshake.CLOSE_TOO_MANY_CONNECTIONS)
+            return
         state.user_id, state.username, staff = identity
+        self.identity = access.Identity(self.token_hash, access.session_digest(self.session_key))
         state.scopes = handshake.granted_scopes(params.requested_scopes, staff=staff)
         state.authed = True
         await self.join_group(groups.user_group(state.user_id))
@@ -173,6 +184,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             self.token_hash = hash_token(params.token) if params.token is not None else None
         else:
             user = await db_read(_scope_user, self.scope)
+            session = self.scope.get("session")
+            self.session_key = getattr(session, "session_key", None) if user is not None else None
         if user is None:
             return None
         return int(user.pk), user.get_username(), bool(getattr(user, "is_staff", False))
@@ -187,6 +200,30 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         if group not in self.groups:
             self.groups.append(group)
             await self.channel_layer.group_add(group, self.channel_name)
+
+    # --- revocation (chat.access) ---------------------------------------------------------------------
+
+    async def gateway_access(self, message: dict[str, Any]) -> None:
+        """Something this user's sockets relied on was revoked."""
+        if not self.state.authed:
+            return
+        what = access.verdict(self.identity, message)
+        if what == "close":
+            await self.outbound.end(handshake.CLOSE_POLICY)
+        elif what == "downgrade":
+            await self._downgrade()
+
+    async def _downgrade(self) -> None:
+        """No longer staff: no admin scope, no view of other users' sessions."""
+        state = self.state
+        if not state.is_admin:
+            return
+        state.scopes = [s for s in state.scopes if s != protocol.Scope.ADMIN]
+        if state.subscribed_all:
+            state.set_subscription(True)
+        if groups.OPERATORS in self.groups:
+            self.groups.remove(groups.OPERATORS)
+            await self.channel_layer.group_discard(groups.OPERATORS, self.channel_name)
 
     # --- outbound: layer events -----------------------------------------------------------------------
 
@@ -230,15 +267,17 @@ class GatewayConsumer(AsyncWebsocketConsumer):
     async def _tick_loop(self) -> None:
         while True:
             await asyncio.sleep(settings.GATEWAY_TICK_INTERVAL_MS / 1000)
-            # A revoked token or a deactivated user ends open connections too, within a tick.
+            # The backstop of chat.access: whatever was revoked ends (or narrows) the socket within a tick.
             try:
-                authorized = await db_read(still_authorized, self.state.user_id, self.token_hash)
+                now = await db_read(current_access, self.state.user_id, self.token_hash, self.session_key)
             except Exception:
                 log.warning("authorization re-check failed; trying again next tick", exc_info=True)
-                authorized = True
-            if not authorized:
-                await self.close(code=handshake.CLOSE_POLICY)
+                now = None
+            if now is not None and not now.valid:
+                await self.outbound.end(handshake.CLOSE_POLICY)
                 return
+            if now is not None and not now.staff:
+                await self._downgrade()
             await self.send_event("tick", {"ts": wire.now_ms()})
             if self.outbound.closing:
                 return

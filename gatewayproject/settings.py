@@ -210,6 +210,8 @@ GATEWAY_PROCESS_RETENTION_HOURS = env.float("GATEWAY_PROCESS_RETENTION_HOURS", d
 # `prune_sessions --older-than-days` below this needs --force.
 GATEWAY_PRUNE_MIN_DAYS = env.float("GATEWAY_PRUNE_MIN_DAYS", default=7.0)
 GATEWAY_MAX_HELD_ACKS = env.int("GATEWAY_MAX_HELD_ACKS", default=16)
+# Authenticated connections one user may hold on one server process; one more is refused (4029).
+GATEWAY_MAX_CONNECTIONS_PER_USER = env.int("GATEWAY_MAX_CONNECTIONS_PER_USER", default=64)
 
 # Agent table: id -> {backend, model, ...}. GATEWAY_AGENTS is JSON and is merged
 # over the default, so `main` stays the scripted demo agent unless overridden.
