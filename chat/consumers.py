@@ -82,7 +82,10 @@ class GatewayConsumer(AsyncWebsocketConsumer):
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if bytes_data is not None or text_data is None:
-            await self._reply_error("invalid", invalid("binary frames are not supported"))
+            if not self.state.authed:
+                await self._reject_first_frame(None)  # §2: any other first frame closes 4008
+                return
+            await self._reply_rate_limited_or("invalid", invalid("binary frames are not supported"))
             return
         if len(text_data) > settings.GATEWAY_MAX_PAYLOAD or len(text_data.encode()) > settings.GATEWAY_MAX_PAYLOAD:
             await self.close(code=1009)  # daphne's own frame limit normally fires first
@@ -93,7 +96,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             if not self.state.authed:
                 await self._reject_first_frame(getattr(exc, "request_id", None))
                 return
-            await self._reply_error(getattr(exc, "request_id", None) or "invalid", exc)
+            await self._reply_rate_limited_or(getattr(exc, "request_id", None) or "invalid", exc)
             return
         if not self.state.authed:
             if request.method != "connect":
@@ -102,6 +105,14 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             await self._handshake(request)
             return
         await self._dispatch(request)
+
+    async def _reply_rate_limited_or(self, rid: str, exc: ProtocolError) -> None:
+        """Answer a frame that is not a request; it costs a token like any request."""
+        try:
+            self.bucket.take()
+        except ProtocolError as limited:
+            exc = limited
+        await self._reply_error(rid, exc)
 
     async def _dispatch(self, request: protocol.Request) -> None:
         try:

@@ -251,12 +251,7 @@ def _history(owner_id: int, key: str, limit: int, before_id: int | None) -> dict
 async def chat_history(conn: Conn, params: dict[str, Any]) -> Reply:
     key, _agent = protocol.session_key_param(params)
     limit = protocol.get_int(params, "limit", lo=1, hi=1000, default=200) or 200
-    before_raw = params.get("beforeId")
-    before_id: int | None = None
-    if before_raw is not None:
-        if isinstance(before_raw, bool) or not isinstance(before_raw, str | int) or not str(before_raw).isdigit():
-            raise invalid("beforeId must be a message id", field="beforeId")
-        before_id = int(before_raw)
+    before_id = protocol.get_message_id(params, "beforeId")
     # paged by bytes as well as by count: the page must fit in one frame (maxPayload)
     return Reply(outbound.fit_history(await db_read(_history, conn.state.user_id, key, limit, before_id)))
 

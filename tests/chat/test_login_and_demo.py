@@ -29,8 +29,10 @@ def test_demo_user_is_plain_with_a_random_password_printed_once() -> None:
 def test_login_attempts_are_throttled(settings) -> None:
     get_user_model().objects.create_user("victim", password="right-password-1")
     http = HttpClient()
-    codes = [http.post("/login/", {"username": "victim", "password": "wrong"}).status_code
-             for _ in range(settings.AXES_FAILURE_LIMIT)]
+    codes = [
+        http.post("/login/", {"username": "victim", "password": "wrong"}).status_code
+        for _ in range(settings.AXES_FAILURE_LIMIT)
+    ]
     assert codes == [200] * (settings.AXES_FAILURE_LIMIT - 1) + [429]  # the form again, then the lockout
     locked = http.post("/login/", {"username": "victim", "password": "right-password-1"})
     assert locked.status_code == 429
