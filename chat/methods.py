@@ -96,7 +96,8 @@ async def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 @method("health", scope=Scope.READ)
 async def health(conn: Conn, params: dict[str, Any]) -> Reply:
-    active, queued = await db_read(selectors.open_run_counts)
+    # gateway-wide load is for operators; a user sees the runs of their own sessions
+    active, queued = await db_read(selectors.open_run_counts, None if conn.state.is_admin else conn.state.user_id)
     return Reply({"ok": True, "ts": wire.now_ms(), "version": settings.GATEWAY_VERSION,
                   "activeRuns": active, "queuedRuns": queued})
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import environ
+from csp.constants import NONE, SELF
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -54,6 +55,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "gatewayproject.logs.RequestIdMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -81,6 +83,43 @@ TEMPLATES = [
         },
     },
 ]
+
+# --- Content-Security-Policy (django-csp) ----------------------------------------
+# The page and the admin load only their own scripts and styles; nothing inline. The chat
+# page adds ws://HOST and wss://HOST of the host it was served from to connect-src.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF],
+        "img-src": [SELF, "data:"],
+        "font-src": [SELF],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [NONE],
+        "frame-ancestors": [NONE],
+        "form-action": [SELF],
+    },
+}
+
+# --- HTTPS and a TLS-terminating proxy (docs/operators.md) ---------------------------
+# GATEWAY_BEHIND_PROXY: trust X-Forwarded-Proto for "is this HTTPS" and, in `serve`,
+# X-Forwarded-For/-Port for the client address (login throttling, the metrics allowlist).
+# Only behind a proxy that sets these headers itself: a client could forge them otherwise.
+GATEWAY_BEHIND_PROXY = env.bool("GATEWAY_BEHIND_PROXY", default=False)
+if GATEWAY_BEHIND_PROXY:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+USE_X_FORWARDED_HOST = env.bool("USE_X_FORWARDED_HOST", default=False)
+SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]  # probes speak plain HTTP to the process
+SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=False)
+CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=False)
+SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
+SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)
+SECURE_REFERRER_POLICY = "same-origin"
+SESSION_COOKIE_SAMESITE = "Lax"
+X_FRAME_OPTIONS = "DENY"
 
 # --- Database ----------------------------------------------------------------
 # Async code reaches the ORM through the executor's fixed pool of worker threads
@@ -193,6 +232,12 @@ LOGGING = {
         "daphne": {"handlers": ["console"], "level": "WARNING", "propagate": False},
     },
 }
+
+# --- Operator endpoints -----------------------------------------------------------
+# /readyz and /metrics answer a bearer token (`Authorization: Bearer <token>`) or a client
+# address in this list of IPs/networks; anyone else gets 404. Empty list: token only.
+GATEWAY_METRICS_TOKEN = env.str("GATEWAY_METRICS_TOKEN", default="")
+GATEWAY_METRICS_ALLOW = env.list("GATEWAY_METRICS_ALLOW", default=["127.0.0.1", "::1"])
 
 # --- Gateway limits (PROTOCOL.md §4, §9, §10) -------------------------------------
 GATEWAY_VERSION = "0.1.0"

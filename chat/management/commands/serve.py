@@ -40,6 +40,16 @@ class Command(BaseCommand):
             action_logger=access_logger(options["access_log"]) if options["access_log"] else None,
             root_path="",
             verbosity=1,
+            # behind a TLS-terminating proxy the client is who the proxy says it is
+            **(
+                {
+                    "proxy_forwarded_address_header": "X-Forwarded-For",
+                    "proxy_forwarded_port_header": "X-Forwarded-Port",
+                    "proxy_forwarded_proto_header": "X-Forwarded-Proto",
+                }
+                if settings.GATEWAY_BEHIND_PROXY
+                else {}
+            ),
         )
 
         pending: set[asyncio.Future[None]] = set()  # keep start-up and drain tasks referenced
