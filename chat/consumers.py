@@ -69,7 +69,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             if task is not current:
                 task.cancel()
         joined, self.groups = list(self.groups), []
-        layer = self.channel_layer
+        layer = getattr(self, "channel_layer", None)  # unset when the instance failed to start
         for group in joined:
             if layer is None:
                 break

@@ -250,9 +250,13 @@ GATEWAY_MAX_PAYLOAD = env.int("GATEWAY_MAX_PAYLOAD", default=1024 * 1024)
 GATEWAY_MAX_BUFFERED_BYTES = env.int("GATEWAY_MAX_BUFFERED_BYTES", default=8 * 1024 * 1024)
 # One reply's text, counted as encoded in a frame; a delta carries it twice (text so far and
 # the new part), so the default keeps every event of a run under GATEWAY_MAX_PAYLOAD.
-GATEWAY_MAX_REPLY_BYTES = env.int("GATEWAY_MAX_REPLY_BYTES", default=(GATEWAY_MAX_PAYLOAD - 64 * 1024) // 2)
+GATEWAY_MAX_REPLY_BYTES = env.int(
+    "GATEWAY_MAX_REPLY_BYTES", default=(GATEWAY_MAX_PAYLOAD - min(64 * 1024, GATEWAY_MAX_PAYLOAD // 4)) // 2
+)
 GATEWAY_TICK_INTERVAL_MS = env.int("GATEWAY_TICK_INTERVAL_MS", default=30_000)
 GATEWAY_CONNECT_TIMEOUT_MS = env.int("GATEWAY_CONNECT_TIMEOUT_MS", default=10_000)
+# `serve` drops a connection whose first request's headers take longer than this (slowloris).
+GATEWAY_HEADER_TIMEOUT_SECONDS = env.float("GATEWAY_HEADER_TIMEOUT_SECONDS", default=10.0)
 GATEWAY_RATE_PER_SEC = env.float("GATEWAY_RATE_PER_SEC", default=20.0)
 GATEWAY_RATE_BURST = env.int("GATEWAY_RATE_BURST", default=40)
 GATEWAY_REPAIR_SECONDS = env.float("GATEWAY_REPAIR_SECONDS", default=5.0)

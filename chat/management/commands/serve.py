@@ -15,6 +15,7 @@ from twisted.internet import reactor
 
 from chat.outbound import with_buffer_probe
 from chat.runtime.gateway import runtime
+from chat.serving import header_deadline
 from gatewayproject.asgi import application
 from gatewayproject.logs import access_logger
 
@@ -63,6 +64,8 @@ class Command(BaseCommand):
             # client sees 1006); with failByDrop off it sends the close frame, so an
             # oversize frame gets the 1009 the protocol promises.
             server.ws_factory.setProtocolOptions(failByDrop=False)
+            # slow headers (slowloris) are dropped instead of held open
+            header_deadline(server.http_factory, settings.GATEWAY_HEADER_TIMEOUT_SECONDS, reactor)
             keep(asyncio.ensure_future(runtime.ensure_started()))
 
         stopping = {"done": False}
