@@ -339,6 +339,7 @@ def gateway_env(database_url: str, **extra: str) -> dict[str, str]:
             "DATABASE_URL": database_url,
             "REDIS_URL": "",
             "GATEWAY_RATE_PER_SEC": "100000",
+            "GATEWAY_MAX_CONNECTIONS_PER_USER": "100000",
             "PYTHONUNBUFFERED": "1",
             "SECRET_KEY": env.get("SECRET_KEY") or secrets.token_urlsafe(40),
             "GATEWAY_LOG_LEVEL": "WARNING",

@@ -9,11 +9,22 @@ class ChatConfig(AppConfig):
 
     def ready(self) -> None:
         # Imported here, not at module top: they import models, which Django loads after app configs.
+        from django.contrib.auth import get_user_model
+        from django.contrib.auth.signals import user_logged_out
+        from django.db.models.signals import post_save, pre_save
+
         from sessions_app import signals
 
         # On import, metrics registers its collectors and agent_method the `agent` method.
-        from . import agent_method, metrics, receivers  # noqa: F401
+        from . import access, agent_method, metrics, receivers  # noqa: F401
 
         signals.run_transitioned.connect(receivers.on_run_transitioned, dispatch_uid="chat-run-transitioned")
         signals.session_changed.connect(receivers.on_session_changed, dispatch_uid="chat-session-changed")
         signals.run_transitioned.connect(metrics.on_run_transition, dispatch_uid="chat-metrics-run-end")
+
+        # revocation that open sockets feel at once (chat.access)
+        user_model = get_user_model()
+        user_logged_out.connect(access.on_logged_out, dispatch_uid="chat-access-logout")
+        pre_save.connect(access.on_user_pre_save, sender=user_model, dispatch_uid="chat-access-user-before")
+        post_save.connect(access.on_user_saved, sender=user_model, dispatch_uid="chat-access-user-saved")
+        signals.tokens_revoked.connect(access.on_tokens_revoked, dispatch_uid="chat-access-tokens")

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 import secrets
 import uuid
+from collections import deque
 from typing import Any
 
 from channels.consumer import get_handler_name
@@ -19,9 +19,9 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from gatewayproject import logs
-from sessions_app.tokens import authenticate_token, hash_token, still_authorized
+from sessions_app.tokens import authenticate_token, current_access, hash_token
 
-from . import agent, groups, handshake, methods, metrics, protocol, wire
+from . import access, agent, groups, handshake, methods, metrics, outbound, protocol, wire
 from .connection import ConnectionState
 from .db import db_read, db_write
 from .delivery import encode
@@ -39,12 +39,23 @@ class GatewayConsumer(AsyncWebsocketConsumer):
     # and hands each event to those that joined its group (`chat.hub`).
     channel_layer_alias = None  # type: ignore[assignment]
 
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        # However the consumer ends (a handler fault, a failed send, cancellation), it leaves
+        # the registry and its groups: nothing keeps a dead connection alive.
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.release()
+
     async def connect(self) -> None:
         self.conn_id = uuid.uuid4().hex
         logs.conn_id.set(self.conn_id)
         self.state = ConnectionState()
+        self.outbound = outbound.Outbound(self, self.scope, self.release)
         self.event_seq = 0
         self.token_hash: str | None = None
+        self.session_key: str | None = None  # the login session of a cookie socket
+        self.identity = access.Identity()
         self.bucket = TokenBucket()
         self.tasks: set[asyncio.Task[Any]] = set()
         self.busy = False
@@ -56,10 +67,16 @@ class GatewayConsumer(AsyncWebsocketConsumer):
 
     async def disconnect(self, code: int) -> None:
         metrics.websocket_closed(code)
-        for task in list(self.tasks):
-            task.cancel()
+        await self.release()
+
+    async def release(self) -> None:
+        """Leave the registry and every group, stop this connection's tasks (idempotent)."""
         runtime.connections.discard(self)
         await runtime.hub.leave_all(self)
+        current = asyncio.current_task()
+        for task in list(getattr(self, "tasks", ())):
+            if task is not current:
+                task.cancel()
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         """Channels' dispatch, without its hop to the one sync thread before every message.
@@ -98,7 +115,10 @@ class GatewayConsumer(AsyncWebsocketConsumer):
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if bytes_data is not None or text_data is None:
-            await self._reply_error("invalid", invalid("binary frames are not supported"))
+            if not self.state.authed:
+                await self._reject_first_frame(None)  # §2: any other first frame closes 4008
+                return
+            await self._reply_rate_limited_or("invalid", invalid("binary frames are not supported"))
             return
         if len(text_data) > settings.GATEWAY_MAX_PAYLOAD or len(text_data.encode()) > settings.GATEWAY_MAX_PAYLOAD:
             await self.close(code=1009)  # daphne's own frame limit normally fires first
@@ -109,7 +129,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             if not self.state.authed:
                 await self._reject_first_frame(getattr(exc, "request_id", None))
                 return
-            await self._reply_error(getattr(exc, "request_id", None) or "invalid", exc)
+            await self._reply_rate_limited_or(getattr(exc, "request_id", None) or "invalid", exc)
             return
         if not self.state.authed:
             if request.method != "connect":
@@ -118,6 +138,14 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             await self._handshake(request)
             return
         await self._dispatch(request)
+
+    async def _reply_rate_limited_or(self, rid: str, exc: ProtocolError) -> None:
+        """Answer a frame that is not a request; it costs a token like any request."""
+        try:
+            self.bucket.take()
+        except ProtocolError as limited:
+            exc = limited
+        await self._reply_error(rid, exc)
 
     async def _dispatch(self, request: protocol.Request) -> None:
         try:
@@ -177,7 +205,16 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             await self.close(code=handshake.CLOSE_POLICY)
             return
         state = self.state
+        if len(runtime.connections.of_user(identity[0])) >= settings.GATEWAY_MAX_CONNECTIONS_PER_USER:
+            # one user cannot crowd out everyone else (per process)
+            await self._reply_error(request.id, ProtocolError(
+                "RATE_LIMITED", f"at most {settings.GATEWAY_MAX_CONNECTIONS_PER_USER} connections per user",
+                reason="too-many-connections", retryable=True, retry_after_ms=5000,
+            ))
+            await self.close(code=handshake.CLOSE_TOO_MANY_CONNECTIONS)
+            return
         state.user_id, state.username, staff = identity
+        self.identity = access.Identity(self.token_hash, access.session_digest(self.session_key))
         state.scopes = handshake.granted_scopes(params.requested_scopes, staff=staff)
         state.authed = True
         await self.join_group(groups.user_group(state.user_id))
@@ -193,6 +230,8 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             self.token_hash = hash_token(params.token) if params.token is not None else None
         else:
             user = await db_read(_scope_user, self.scope)
+            session = self.scope.get("session")
+            self.session_key = getattr(session, "session_key", None) if user is not None else None
         if user is None:
             return None
         return int(user.pk), user.get_username(), bool(getattr(user, "is_staff", False))
@@ -205,6 +244,28 @@ class GatewayConsumer(AsyncWebsocketConsumer):
     async def join_group(self, group: str) -> None:
         """Receive a group's events for the rest of the connection (left on disconnect)."""
         await runtime.hub.join(group, self)
+
+    # --- revocation (chat.access) ---------------------------------------------------------------------
+
+    async def gateway_access(self, message: dict[str, Any]) -> None:
+        """Something this user's sockets relied on was revoked."""
+        if not self.state.authed:
+            return
+        what = access.verdict(self.identity, message)
+        if what == "close":
+            await self.outbound.end(handshake.CLOSE_POLICY)
+        elif what == "downgrade":
+            await self._downgrade()
+
+    async def _downgrade(self) -> None:
+        """No longer staff: no admin scope, no view of other users' sessions."""
+        state = self.state
+        if not state.is_admin:
+            return
+        state.scopes = [s for s in state.scopes if s != protocol.Scope.ADMIN]
+        if state.subscribed_all:
+            state.set_subscription(True)
+        await runtime.hub.leave(groups.OPERATORS, self)
 
     # --- outbound: layer events -----------------------------------------------------------------------
 
@@ -243,13 +304,14 @@ class GatewayConsumer(AsyncWebsocketConsumer):
 
     async def _send_event_json(self, name: str, payload_json: str) -> None:
         self.event_seq += 1
-        await self.send(text_data=protocol.event_frame_json(name, payload_json, self.event_seq))
+        await self.outbound.send(protocol.event_frame_json(name, payload_json, self.event_seq))
 
     async def send_shutdown(self, reason: str) -> None:
         await self.send_event("shutdown", {"reason": reason})
 
     async def _send_frame(self, frame: dict[str, Any]) -> None:
-        await self.send(text_data=encode(frame))
+        # Within maxPayload and maxBufferedBytes, or the connection ends cleanly (chat.outbound).
+        await self.outbound.send(encode(frame), response_id=frame["id"] if frame["type"] == "res" else None)
 
     async def _reply_error(self, rid: str, exc: ProtocolError) -> None:
         await self._send_frame(protocol.response_error(rid, exc.to_error()))
@@ -257,16 +319,20 @@ class GatewayConsumer(AsyncWebsocketConsumer):
     async def _tick_loop(self) -> None:
         while True:
             await asyncio.sleep(settings.GATEWAY_TICK_INTERVAL_MS / 1000)
-            # A revoked token or a deactivated user ends open connections too, within a tick.
+            # The backstop of chat.access: whatever was revoked ends (or narrows) the socket within a tick.
             try:
-                authorized = await db_read(still_authorized, self.state.user_id, self.token_hash)
+                now = await db_read(current_access, self.state.user_id, self.token_hash, self.session_key)
             except Exception:
                 log.warning("authorization re-check failed; trying again next tick", exc_info=True)
-                authorized = True
-            if not authorized:
-                await self.close(code=handshake.CLOSE_POLICY)
+                now = None
+            if now is not None and not now.valid:
+                await self.outbound.end(handshake.CLOSE_POLICY)
                 return
+            if now is not None and not now.staff:
+                await self._downgrade()
             await self.send_event("tick", {"ts": wire.now_ms()})
+            if self.outbound.closing:
+                return
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)

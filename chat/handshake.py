@@ -13,6 +13,7 @@ from .protocol import ProtocolError, Scope, invalid
 # close codes (§2)
 CLOSE_POLICY = 4008
 CLOSE_PROTOCOL_MISMATCH = 4002
+CLOSE_TOO_MANY_CONNECTIONS = 4029  # GATEWAY_MAX_CONNECTIONS_PER_USER reached (docs/protocol-notes.md)
 
 
 @dataclass

@@ -61,6 +61,18 @@ class Hub:
             if first and self.channel is not None:
                 await _group_add(group, self.channel)
 
+    async def leave(self, group: str, member: Member) -> None:
+        """Remove a connection from one group; the channel leaves it with the last."""
+        async with self._lock:
+            members = self.members.get(group)
+            if members is None or member not in members:
+                return
+            members.discard(member)
+            if not members:
+                del self.members[group]
+                if self.channel is not None:
+                    await _group_discard(group, self.channel)
+
     async def leave_all(self, member: Member) -> None:
         """Remove a connection from every group; the channel leaves those it was the last in."""
         async with self._lock:
@@ -72,7 +84,11 @@ class Hub:
                         await _group_discard(group, self.channel)
 
     async def deliver(self, message: dict[str, Any]) -> None:
-        """Hand one layer message to the local connections of its group."""
+        """Hand one layer message to the local connections of its group.
+
+        A message for connections (`gateway.*`) names its user (`owner`); one sent through
+        the operators' group says so (`via`).
+        """
         if str(message.get("type", "")).startswith("gateway."):
             group = groups.OPERATORS if message.get("via") == "operators" else groups.user_group(message["owner"])
             for member in list(self.members.get(group, ())):

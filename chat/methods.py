@@ -14,7 +14,7 @@ from sessions_app.lifecycle import LifecycleError, runs, sessions
 from sessions_app.lifecycle.runs import SendOutcome, SendRequest
 from sessions_app.models import RunState
 
-from . import groups, metrics, protocol, wire
+from . import groups, metrics, outbound, protocol, wire
 from .connection import ConnectionState
 from .db import db_read, db_write
 from .protocol import ProtocolError, Scope, invalid
@@ -100,7 +100,8 @@ async def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 @method("health", scope=Scope.READ)
 async def health(conn: Conn, params: dict[str, Any]) -> Reply:
-    active, queued = await db_read(selectors.open_run_counts)
+    # gateway-wide load is for operators; a user sees the runs of their own sessions
+    active, queued = await db_read(selectors.open_run_counts, None if conn.state.is_admin else conn.state.user_id)
     return Reply({"ok": True, "ts": wire.now_ms(), "version": settings.GATEWAY_VERSION,
                   "activeRuns": active, "queuedRuns": queued})
 
@@ -274,13 +275,9 @@ def _history(owner_id: int, key: str, limit: int, before_id: int | None) -> dict
 async def chat_history(conn: Conn, params: dict[str, Any]) -> Reply:
     key, _agent = protocol.session_key_param(params)
     limit = protocol.get_int(params, "limit", lo=1, hi=1000, default=200) or 200
-    before_raw = params.get("beforeId")
-    before_id: int | None = None
-    if before_raw is not None:
-        if isinstance(before_raw, bool) or not isinstance(before_raw, str | int) or not str(before_raw).isdigit():
-            raise invalid("beforeId must be a message id", field="beforeId")
-        before_id = int(before_raw)
-    return Reply(await db_read(_history, conn.state.user_id, key, limit, before_id))
+    before_id = protocol.get_message_id(params, "beforeId")
+    # paged by bytes as well as by count: the page must fit in one frame (maxPayload)
+    return Reply(outbound.fit_history(await db_read(_history, conn.state.user_id, key, limit, before_id)))
 
 
 # --- agents.list -------------------------------------------------------------------------------

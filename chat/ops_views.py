@@ -7,20 +7,28 @@
            connections. Every check has its own deadline, so the answer comes within ~2.5 s
            even when a dependency hangs.
 /metrics   Prometheus text format (chat.metrics)
+
+/readyz and /metrics answer only an allowed caller (`operator_allowed`): the bearer token
+GATEWAY_METRICS_TOKEN, or a client address in GATEWAY_METRICS_ALLOW (loopback by default);
+anyone else gets 404, so their existence is not advertised. /healthz stays open.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import ipaddress
 import time
 import uuid
+from collections.abc import Callable
+from functools import wraps
 from typing import Any
 
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import connection
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.utils.crypto import constant_time_compare
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
@@ -30,6 +38,46 @@ from .runtime import health
 from .runtime.gateway import runtime
 
 READY_TIMEOUT_SECONDS = 2.0
+
+
+def operator_allowed(request: HttpRequest) -> bool:
+    """The bearer token, when one is configured, or an address on the allowlist."""
+    token = settings.GATEWAY_METRICS_TOKEN
+    given = request.headers.get("Authorization", "")
+    if token and given.startswith("Bearer ") and constant_time_compare(given[7:].strip(), token):
+        return True
+    try:
+        address = ipaddress.ip_address(request.META.get("REMOTE_ADDR") or "")
+    except ValueError:
+        return False
+    for allowed in settings.GATEWAY_METRICS_ALLOW:
+        try:
+            if address in ipaddress.ip_network(allowed, strict=False):
+                return True
+        except ValueError:
+            continue
+    return False
+
+
+def operators_only(view: Callable[..., Any]) -> Callable[..., Any]:
+    """404 for callers `operator_allowed` refuses (sync or async view)."""
+    if asyncio.iscoroutinefunction(view):
+
+        @wraps(view)
+        async def async_wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+            if not operator_allowed(request):
+                raise Http404
+            return await view(request, *args, **kwargs)
+
+        return async_wrapped
+
+    @wraps(view)
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        if not operator_allowed(request):
+            raise Http404
+        return view(request, *args, **kwargs)
+
+    return wrapped
 
 
 @never_cache
@@ -97,6 +145,7 @@ async def _timed(check: Any) -> tuple[bool, str, float]:
 
 @never_cache
 @require_GET
+@operators_only
 async def readyz(request: HttpRequest) -> JsonResponse:
     """Database, channel layer and background loops healthy (503 otherwise, or while the process drains)."""
     (db_ok, db_msg, db_s), (layer_ok, layer_msg, layer_s) = await asyncio.gather(
@@ -118,6 +167,7 @@ async def readyz(request: HttpRequest) -> JsonResponse:
 
 @never_cache
 @require_GET
+@operators_only
 def metrics(request: HttpRequest) -> HttpResponse:
     """Prometheus text exposition of this process's registry."""
     return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)

@@ -26,4 +26,8 @@ class LogoutView(auth_views.LogoutView):
 def index(request: HttpRequest) -> HttpResponse:
     """The chat page: a static shell; everything else speaks the gateway protocol over one WebSocket."""
     context = {"ws_path": "/ws/gateway", "version": settings.GATEWAY_VERSION}
-    return render(request, "chat/index.html", context)
+    response = render(request, "chat/index.html", context)
+    # the page's own WebSocket, by the host it was served from (not every browser reads 'self' as ws/wss)
+    host = request.get_host()
+    response._csp_update = {"connect-src": [f"ws://{host}", f"wss://{host}"]}  # type: ignore[attr-defined]
+    return response

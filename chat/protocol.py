@@ -34,6 +34,7 @@ KEY_NAME_RE = re.compile(r"[A-Za-z0-9._:-]{1,200}")
 AGENT_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 RUN_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 MIME_RE = re.compile(r"(image|text)/[A-Za-z0-9.+-]+")
+MESSAGE_ID_RE = re.compile(r"[0-9]{1,19}")
 # Control characters other than tab, LF and CR are stripped from messages.
 CONTROL_RE = re.compile(r"[\x01-\x08\x0b\x0c\x0e-\x1f\x7f]")
 FRAME_KEYS = {"type", "id", "method", "params"}
@@ -157,11 +158,31 @@ def get_str(
         return None
     if not isinstance(value, str):
         raise invalid(f"{name} must be a string", field=name)
+    require_unicode(value, name)
     if not (min_len <= len(value) <= max_len):
         raise invalid(f"{name} must be {min_len}..{max_len} characters", field=name)
     if pattern is not None and not pattern.fullmatch(value):
         raise invalid(f"{name} has invalid characters", field=name)
     return value
+
+
+def require_unicode(value: str, name: str) -> None:
+    """Refuse a lone surrogate (JSON lets `"\\ud800"` through; UTF-8, the database and hashing do not)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise invalid(f"{name} must be valid Unicode text (no lone surrogates)", field=name) from exc
+
+
+def get_message_id(params: dict[str, Any], name: str) -> int | None:
+    """A message id: ASCII digits (or an integer) that fit a 64-bit primary key."""
+    raw = params.get(name)
+    if raw is None:
+        return None
+    text = str(raw) if isinstance(raw, int) and not isinstance(raw, bool) else raw
+    if not isinstance(text, str) or not MESSAGE_ID_RE.fullmatch(text) or int(text) >= 2**63:
+        raise invalid(f"{name} must be a message id", field=name)
+    return int(text)
 
 
 def get_int(params: dict[str, Any], name: str, *, lo: int, hi: int, default: int | None) -> int | None:
@@ -255,6 +276,8 @@ def _attachment(item: Any, index: int) -> dict[str, Any]:
     name = item.get("fileName")
     if name is not None and (not isinstance(name, str) or len(name) > 255):
         raise invalid("fileName must be a string of at most 255 chars", field=f"{where}.fileName")
+    if name is not None:
+        require_unicode(name, f"{where}.fileName")
     content = item.get("content")
     if not isinstance(content, str) or not content:
         raise invalid("content must be a non-empty base64 string", field=f"{where}.content")
@@ -318,6 +341,7 @@ def parse_chat_send(params: dict[str, Any]) -> ChatSendParams:
         raise invalid("message must be a string", field="message")
     if "\x00" in message:
         raise invalid("message must not contain NUL bytes", field="message")
+    require_unicode(message, "message")
     message = CONTROL_RE.sub("", message)
     if len(message) > settings.GATEWAY_MAX_MESSAGE_CHARS:
         raise invalid(f"message is longer than {settings.GATEWAY_MAX_MESSAGE_CHARS} characters", field="message")

@@ -9,16 +9,16 @@ django_asgi_app = get_asgi_application()  # must run before importing consumers
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from chat.routing import websocket_urlpatterns  # noqa: E402
 from chat.security import OriginValidator  # noqa: E402
+from gatewayproject.staticfiles import StaticFilesHandler  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         # Static files are served by the app itself, in DEBUG and non-DEBUG runs alike,
         # so `make run` needs no proxy and the page works offline.
-        "http": ASGIStaticFilesHandler(django_asgi_app),
+        "http": StaticFilesHandler(django_asgi_app),
         "websocket": OriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))  # type: ignore[arg-type]
         ),

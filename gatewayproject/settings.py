@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import secrets
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import environ
+from csp.constants import NONE, SELF
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -45,6 +47,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django.contrib.postgres",  # trigram search indexes (PostgreSQL; harmless on SQLite)
     "channels",
+    "axes",  # login throttling (django-axes)
     "sessions_app.apps.SessionsAppConfig",
     "chat.apps.ChatConfig",
 ]
@@ -52,6 +55,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "gatewayproject.logs.RequestIdMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -59,6 +63,7 @@ MIDDLEWARE = [
     "sessions_app.audit.OperatorMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # last: answers a locked-out login with 429
 ]
 
 ROOT_URLCONF = "gatewayproject.urls"
@@ -78,6 +83,43 @@ TEMPLATES = [
         },
     },
 ]
+
+# --- Content-Security-Policy (django-csp) ----------------------------------------
+# The page and the admin load only their own scripts and styles; nothing inline. The chat
+# page adds ws://HOST and wss://HOST of the host it was served from to connect-src.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF],
+        "img-src": [SELF, "data:"],
+        "font-src": [SELF],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [NONE],
+        "frame-ancestors": [NONE],
+        "form-action": [SELF],
+    },
+}
+
+# --- HTTPS and a TLS-terminating proxy (docs/operators.md) ---------------------------
+# GATEWAY_BEHIND_PROXY: trust X-Forwarded-Proto for "is this HTTPS" and, in `serve`,
+# X-Forwarded-For/-Port for the client address (login throttling, the metrics allowlist).
+# Only behind a proxy that sets these headers itself: a client could forge them otherwise.
+GATEWAY_BEHIND_PROXY = env.bool("GATEWAY_BEHIND_PROXY", default=False)
+if GATEWAY_BEHIND_PROXY:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+USE_X_FORWARDED_HOST = env.bool("USE_X_FORWARDED_HOST", default=False)
+SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]  # probes speak plain HTTP to the process
+SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=False)
+CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=False)
+SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
+SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)
+SECURE_REFERRER_POLICY = "same-origin"
+SESSION_COOKIE_SAMESITE = "Lax"
+X_FRAME_OPTIONS = "DENY"
 
 # --- Database ----------------------------------------------------------------
 # Async code reaches the ORM through the executor's fixed pool of worker threads
@@ -148,6 +190,17 @@ else:
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
+# Login throttling by django-axes: after AXES_FAILURE_LIMIT wrong passwords for one username
+# from one address, that pair is locked out for AXES_COOLOFF_MINUTES (a success resets the count).
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env.int("AXES_FAILURE_LIMIT", default=5)
+AXES_COOLOFF_TIME = timedelta(minutes=env.float("AXES_COOLOFF_MINUTES", default=15))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_ENABLED = env.bool("AXES_ENABLED", default=True)
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "login"
@@ -190,6 +243,12 @@ LOGGING = {
     },
 }
 
+# --- Operator endpoints -----------------------------------------------------------
+# /readyz and /metrics answer a bearer token (`Authorization: Bearer <token>`) or a client
+# address in this list of IPs/networks; anyone else gets 404. Empty list: token only.
+GATEWAY_METRICS_TOKEN = env.str("GATEWAY_METRICS_TOKEN", default="")
+GATEWAY_METRICS_ALLOW = env.list("GATEWAY_METRICS_ALLOW", default=["127.0.0.1", "::1"])
+
 # --- Gateway limits (PROTOCOL.md §4, §9, §10) -------------------------------------
 GATEWAY_VERSION = "0.1.0"
 GATEWAY_MAX_MESSAGE_CHARS = env.int("GATEWAY_MAX_MESSAGE_CHARS", default=32000)
@@ -199,8 +258,15 @@ GATEWAY_QUEUE_MAX = env.int("GATEWAY_QUEUE_MAX", default=20)
 GATEWAY_DEFAULT_TIMEOUT_MS = env.int("GATEWAY_DEFAULT_TIMEOUT_MS", default=600_000)
 GATEWAY_MAX_PAYLOAD = env.int("GATEWAY_MAX_PAYLOAD", default=1024 * 1024)
 GATEWAY_MAX_BUFFERED_BYTES = env.int("GATEWAY_MAX_BUFFERED_BYTES", default=8 * 1024 * 1024)
+# One reply's text, counted as encoded in a frame; a delta carries it twice (text so far and
+# the new part), so the default keeps every event of a run under GATEWAY_MAX_PAYLOAD.
+GATEWAY_MAX_REPLY_BYTES = env.int(
+    "GATEWAY_MAX_REPLY_BYTES", default=(GATEWAY_MAX_PAYLOAD - min(64 * 1024, GATEWAY_MAX_PAYLOAD // 4)) // 2
+)
 GATEWAY_TICK_INTERVAL_MS = env.int("GATEWAY_TICK_INTERVAL_MS", default=30_000)
 GATEWAY_CONNECT_TIMEOUT_MS = env.int("GATEWAY_CONNECT_TIMEOUT_MS", default=10_000)
+# `serve` drops a connection whose first request's headers take longer than this (slowloris).
+GATEWAY_HEADER_TIMEOUT_SECONDS = env.float("GATEWAY_HEADER_TIMEOUT_SECONDS", default=10.0)
 GATEWAY_RATE_PER_SEC = env.float("GATEWAY_RATE_PER_SEC", default=20.0)
 GATEWAY_RATE_BURST = env.int("GATEWAY_RATE_BURST", default=40)
 GATEWAY_REPAIR_SECONDS = env.float("GATEWAY_REPAIR_SECONDS", default=5.0)
@@ -217,6 +283,8 @@ GATEWAY_PROCESS_RETENTION_HOURS = env.float("GATEWAY_PROCESS_RETENTION_HOURS", d
 # `prune_sessions --older-than-days` below this needs --force.
 GATEWAY_PRUNE_MIN_DAYS = env.float("GATEWAY_PRUNE_MIN_DAYS", default=7.0)
 GATEWAY_MAX_HELD_ACKS = env.int("GATEWAY_MAX_HELD_ACKS", default=16)
+# Authenticated connections one user may hold on one server process; one more is refused (4029).
+GATEWAY_MAX_CONNECTIONS_PER_USER = env.int("GATEWAY_MAX_CONNECTIONS_PER_USER", default=64)
 
 # Agent table: id -> {backend, model, ...}. GATEWAY_AGENTS is JSON and is merged
 # over the default, so `main` stays the scripted demo agent unless overridden.

@@ -133,8 +133,9 @@ def context_messages(run: Run, *, limit: int) -> list[Message]:
     return list(reversed(qs.order_by("-id")[:limit]))
 
 
-def open_run_counts() -> tuple[int, int]:
-    """(active, queued) runs of the whole gateway."""
-    active = Run.objects.filter(state__in=ACTIVE_STATES).count()
-    queued = Run.objects.filter(state=RunState.QUEUED).count()
+def open_run_counts(owner_id: int | None = None) -> tuple[int, int]:
+    """(active, queued) runs of the whole gateway, or of one owner's sessions."""
+    runs = Run.objects.all() if owner_id is None else Run.objects.filter(session__owner_id=owner_id)
+    active = runs.filter(state__in=ACTIVE_STATES).count()
+    queued = runs.filter(state=RunState.QUEUED).count()
     return active, queued

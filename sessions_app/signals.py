@@ -13,3 +13,7 @@ run_transitioned = Signal()
 
 # kwargs: session (ChatSession, locked), reason, actor, deleted (bool: about to be deleted)
 session_changed = Signal()
+
+# kwargs: tokens (list of (user_id, token_hash)) — API tokens just revoked; sent inside the
+#         revoking transaction, so receivers act on commit
+tokens_revoked = Signal()

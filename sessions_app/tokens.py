@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from dataclasses import dataclass
+from importlib import import_module
 from typing import Any
 
-from django.contrib.auth import get_user_model
+from django.conf import settings
+from django.contrib.auth import HASH_SESSION_KEY, SESSION_KEY, get_user_model
 from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
 from django.utils import timezone
+from django.utils.crypto import constant_time_compare
 
 from .models import ApiToken
+from .signals import tokens_revoked
 
 TOKEN_PREFIX = "agt_"
 
@@ -50,7 +56,12 @@ def revoke_token(*, token_id: int | None = None, prefix: str | None = None) -> i
         qs = qs.filter(prefix__startswith=prefix)
     else:
         return 0
-    return qs.update(revoked_at=timezone.now())
+    with transaction.atomic():
+        found = list(qs.select_for_update().values_list("pk", "user_id", "token_hash"))
+        count = ApiToken.objects.filter(pk__in=[pk for pk, _u, _h in found]).update(revoked_at=timezone.now())
+        # open connections using them are closed at once (the gateway listens)
+        tokens_revoked.send(sender=ApiToken, tokens=[(user_id, token_hash) for _pk, user_id, token_hash in found])
+    return count
 
 
 def get_or_create_user(username: str, *, create: bool) -> AbstractBaseUser | None:
@@ -63,8 +74,37 @@ def get_or_create_user(username: str, *, create: bool) -> AbstractBaseUser | Non
 
 def still_authorized(user_id: int, token_hash: str | None) -> bool:
     """Whether an open connection's identity still holds: user active, token not revoked."""
-    if not get_user_model().objects.filter(pk=user_id, is_active=True).exists():
+    return current_access(user_id, token_hash, None).valid
+
+
+@dataclass(frozen=True)
+class Access:
+    """What an open connection's identity still allows."""
+
+    valid: bool
+    staff: bool = False
+
+
+def current_access(user_id: int, token_hash: str | None, session_key: str | None) -> Access:
+    """Re-check an open connection: active user; its token unrevoked, or its login session
+    still there and still signed with the user's password (logout and a password change end it)."""
+    user = get_user_model().objects.filter(pk=user_id, is_active=True).first()
+    if user is None:
+        return Access(False)
+    if token_hash is not None:
+        valid = ApiToken.objects.filter(token_hash=token_hash, user_id=user_id, revoked_at__isnull=True).exists()
+    elif session_key:
+        valid = session_still_valid(user, session_key)
+    else:
+        valid = True  # neither a token nor a login session: nothing else to re-check
+    return Access(valid, bool(getattr(user, "is_staff", False)))
+
+
+def session_still_valid(user: Any, session_key: str) -> bool:
+    """Whether the login session `session_key` still logs `user` in, as Django's own check says."""
+    store = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
+    data = store.load()
+    if str(data.get(SESSION_KEY)) != str(user.pk):
         return False
-    if token_hash is None:
-        return True
-    return ApiToken.objects.filter(token_hash=token_hash, user_id=user_id, revoked_at__isnull=True).exists()
+    stored = data.get(HASH_SESSION_KEY)
+    return bool(stored) and constant_time_compare(stored, user.get_session_auth_hash())

@@ -26,7 +26,7 @@ from sessions_app.models import Run, RunState
 from .. import metrics, wire
 from ..db import db_read, db_write
 from ..delivery import broadcaster, chat_message
-from .backends import BackendError, BackendTimeout, DispatchError, RunContext, get_backend
+from .backends import BackendError, BackendTimeout, DispatchError, RunContext, capped, get_backend
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ class RunExecutor:
             async with asyncio.timeout_at(deadline):
                 if backend is None:
                     raise DispatchError(f"agent {run.session.agent_id!r} has no usable backend")
-                stream = await backend.start(ctx)
+                stream = capped(await backend.start(ctx), ctx)  # no event may outgrow maxPayload
                 if not await db_write(runs.mark_running, run_pk):
                     await _aclose(stream)
                     return  # an abort owns the run: the backend never streams

@@ -128,15 +128,15 @@ async def test_tick_survives_a_failed_authorization_check(alice, monkeypatch, se
 
     settings.GATEWAY_TICK_INTERVAL_MS = 200
     calls = {"n": 0}
-    real = consumers.still_authorized
+    real = consumers.current_access
 
-    def flaky(user_id, token_hash):
+    def flaky(user_id, token_hash, session_key):
         calls["n"] += 1
         if calls["n"] == 2:
             raise OperationalError("database is locked")
-        return real(user_id, token_hash)
+        return real(user_id, token_hash, session_key)
 
-    monkeypatch.setattr(consumers, "still_authorized", flaky)
+    monkeypatch.setattr(consumers, "current_access", flaky)
     c = await open_client(alice[1])
     await c.drain(2.0)
     assert len([e for e in c.events if e["event"] == "tick"]) >= 6 and c.closed is None

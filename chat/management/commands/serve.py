@@ -13,7 +13,9 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 from twisted.internet import reactor
 
+from chat.outbound import with_buffer_probe
 from chat.runtime.gateway import runtime
+from chat.serving import header_deadline
 from gatewayproject.asgi import application
 from gatewayproject.logs import access_logger
 
@@ -31,13 +33,24 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         host, port = options["host"], options["port"]
         server = daphne.server.Server(
-            application=application,
+            # each WebSocket sees how much its transport holds unsent (maxBufferedBytes)
+            application=with_buffer_probe(application),
             endpoints=build_endpoint_description_strings(host=host, port=port),
             websocket_max_message_size=settings.GATEWAY_MAX_PAYLOAD,
             signal_handlers=False,
             action_logger=access_logger(options["access_log"]) if options["access_log"] else None,
             root_path="",
             verbosity=1,
+            # behind a TLS-terminating proxy the client is who the proxy says it is
+            **(
+                {
+                    "proxy_forwarded_address_header": "X-Forwarded-For",
+                    "proxy_forwarded_port_header": "X-Forwarded-Port",
+                    "proxy_forwarded_proto_header": "X-Forwarded-Proto",
+                }
+                if settings.GATEWAY_BEHIND_PROXY
+                else {}
+            ),
         )
 
         pending: set[asyncio.Future[None]] = set()  # keep start-up and drain tasks referenced
@@ -51,6 +64,8 @@ class Command(BaseCommand):
             # client sees 1006); with failByDrop off it sends the close frame, so an
             # oversize frame gets the 1009 the protocol promises.
             server.ws_factory.setProtocolOptions(failByDrop=False)
+            # slow headers (slowloris) are dropped instead of held open
+            header_deadline(server.http_factory, settings.GATEWAY_HEADER_TIMEOUT_SECONDS, reactor)
             keep(asyncio.ensure_future(runtime.ensure_started()))
 
         stopping = {"done": False}

@@ -6,10 +6,10 @@ from typing import Any
 
 from django.conf import settings
 
-from .base import AgentBackend, BackendError, BackendTimeout, DispatchError, RunContext
+from .base import AgentBackend, BackendError, BackendTimeout, DispatchError, RunContext, capped
 from .scripted import ScriptedBackend
 
-__all__ = ["AgentBackend", "BackendError", "BackendTimeout", "DispatchError", "RunContext", "get_backend"]
+__all__ = ["AgentBackend", "BackendError", "BackendTimeout", "DispatchError", "RunContext", "capped", "get_backend"]
 
 
 def _backend_class(name: str) -> type[AgentBackend] | None:

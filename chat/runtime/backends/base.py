@@ -7,6 +7,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ... import outbound
+
 
 class DispatchError(Exception):
     """The run could not start (model unreachable, refused, misconfigured)."""
@@ -69,3 +71,48 @@ class AgentBackend(ABC):
         The returned iterator yields text chunks; cancelling the task must release
         any resource (close the HTTP request).
         """
+
+
+class CappedStream:
+    """A backend's stream cut at `max_bytes` of encoded text (`chat.outbound`); a cut run ends
+    `final` with stopReason `length`, so no event of it can outgrow `maxPayload`.
+
+    A class, not a generator: closing it closes the backend's stream even when it was never
+    iterated (an abort before the run started).
+    """
+
+    def __init__(self, stream: AsyncIterator[str], ctx: RunContext, max_bytes: int) -> None:
+        self.stream = stream
+        self.ctx = ctx
+        self.left = max_bytes
+        self.done = False
+
+    def __aiter__(self) -> CappedStream:
+        return self
+
+    async def __anext__(self) -> str:
+        if self.done:
+            raise StopAsyncIteration
+        chunk = await self.stream.__anext__()
+        size = outbound.encoded_len(chunk)
+        if size <= self.left:
+            self.left -= size
+            return chunk
+        self.done = True
+        self.ctx.stop_reason = "length"
+        await self.aclose()
+        part = outbound.fit_text(chunk, self.left)
+        self.left = 0
+        if not part:
+            raise StopAsyncIteration
+        return part
+
+    async def aclose(self) -> None:
+        closer = getattr(self.stream, "aclose", None)
+        if closer is not None:
+            await closer()
+
+
+def capped(stream: AsyncIterator[str], ctx: RunContext) -> CappedStream:
+    """The stream within the reply budget (`GATEWAY_MAX_REPLY_BYTES`)."""
+    return CappedStream(stream, ctx, outbound.max_reply_bytes())

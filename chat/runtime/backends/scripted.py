@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from .base import AgentBackend, BackendError, DispatchError, RunContext
 
 DIRECTIVE_RE = re.compile(r"\[\[(delay|tick|words|fail|hang|verbatim)(?::([A-Za-z0-9]+))?\]\]")
+
+# Directives are clamped to these (a demo agent must not be a way to hold memory or a
+# run slot for ever); the reply is streamed as it is made, never built up front.
+MAX_WORDS = 10_000
+MAX_TICK_MS = 10_000
+MAX_DELAY_MS = 60_000
+MAX_REPLY_CHARS = 100_000
 
 
 @dataclass
@@ -28,12 +35,12 @@ def parse_script(message: str) -> Script:
     """Split directives out of `message`; what is left (whitespace folded) is the text."""
     script = Script(text="")
     for name, arg in DIRECTIVE_RE.findall(message):
-        if name == "delay" and arg.isdigit():
-            script.delay_ms = int(arg)
-        elif name == "tick" and arg.isdigit():
-            script.tick_ms = int(arg)
-        elif name == "words" and arg.isdigit():
-            script.words = int(arg)
+        if name == "delay" and _digits(arg):
+            script.delay_ms = min(int(arg), MAX_DELAY_MS)
+        elif name == "tick" and _digits(arg):
+            script.tick_ms = min(int(arg), MAX_TICK_MS)
+        elif name == "words" and _digits(arg):
+            script.words = min(int(arg), MAX_WORDS)
         elif name == "fail" and arg in ("setup", "dispatch", "stream"):
             script.fail = arg
         elif name == "hang":
@@ -47,18 +54,40 @@ def parse_script(message: str) -> Script:
     return script
 
 
-def reply_words(script: Script, attachments: list[dict[str, Any]]) -> list[str]:
-    """The reply `echo: <text>` as the chunks streamed, one word each.
+def _digits(arg: str) -> bool:
+    # ASCII digits only, and short: int() of a 4000-digit string is itself a cost
+    return arg.isascii() and arg.isdigit() and len(arg) <= 9
+
+
+def reply_words(script: Script, attachments: list[dict[str, Any]]) -> Iterator[str]:
+    """The reply `echo: <text>` as the chunks streamed, one word each, at most MAX_REPLY_CHARS in all.
 
     With `[[verbatim]]` the reply is `echo:`, a blank line, then the text exactly as sent
     (each chunk a word with the whitespace before it), so Markdown in it stays Markdown.
     """
+    budget = MAX_REPLY_CHARS
+    for chunk in _chunks(script, attachments):
+        if len(chunk) > budget:
+            return
+        budget -= len(chunk)
+        yield chunk
+
+
+def _chunks(script: Script, attachments: list[dict[str, Any]]) -> Iterator[str]:
     if script.verbatim and script.words is None:
-        return ["echo:\n\n", *re.findall(r"\s*\S+", script.text)]
-    body = [f"word{i + 1}" for i in range(script.words)] if script.words is not None else script.text.split()
+        yield "echo:\n\n"
+        for match in re.finditer(r"\s*\S+", script.text):
+            yield match.group(0)
+        return
+    yield "echo:"
+    if script.words is not None:
+        for i in range(script.words):
+            yield f" word{i + 1}"
+    else:
+        for word in script.text.split():
+            yield f" {word}"
     if attachments:
-        body.append(f"(+{len(attachments)} attachment{'s' if len(attachments) > 1 else ''})")
-    return ["echo:"] + [f" {w}" for w in body]
+        yield f" (+{len(attachments)} attachment{'s' if len(attachments) > 1 else ''})"
 
 
 class ScriptedBackend(AgentBackend):
@@ -80,14 +109,15 @@ class ScriptedBackend(AgentBackend):
     async def _stream(self, script: Script, ctx: RunContext) -> AsyncIterator[str]:
         if script.hang:
             await asyncio.Event().wait()  # never produces output; abort or timeout ends it
-        chunks = reply_words(script, ctx.attachments)
-        for i, word in enumerate(chunks):
+        chunks = 0
+        for i, word in enumerate(reply_words(script, ctx.attachments)):
             if i:
                 await asyncio.sleep(script.tick_ms / 1000)
             yield word
+            chunks += 1
             if script.fail == "stream" and i == 1:
                 raise BackendError("scripted agent failed mid-stream ([[fail:stream]])", kind="backend")
         if script.fail == "stream":
             raise BackendError("scripted agent failed mid-stream ([[fail:stream]])", kind="backend")
         # Word counts stand in for token usage, so clients can show it.
-        ctx.usage = {"prompt_tokens": len(ctx.message.split()), "completion_tokens": len(chunks)}
+        ctx.usage = {"prompt_tokens": len(ctx.message.split()), "completion_tokens": chunks}
