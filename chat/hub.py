@@ -42,6 +42,7 @@ class Hub:
         """Open the channel, join the process's own group, and start receiving."""
         self.on_control = on_control
         self.members.clear()
+        self._lock = asyncio.Lock()  # of this loop (a test, or a restart, brings a new one)
         await self._open(process_group)
         self.task = asyncio.ensure_future(self._receive_loop(process_group))
 

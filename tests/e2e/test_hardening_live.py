@@ -90,7 +90,7 @@ async def test_slow_reader_is_closed_and_released(live: tuple[ServerHandle, str]
     assert json.loads(await ws.recv())["ok"] is True
     async with ws_client(server, token) as sender:
         for i in range(3):
-            await sender.ok("chat.send", send_params(f"slow{i}", "[[words:10000]] [[tick:1]]", f"s{i}"))
+            await sender.ok("chat.send", send_params(f"slow{i}", "[[words:4000]] [[tick:2]]", f"s{i}"))
         # the slow socket reads nothing while the replies stream
         for _ in range(120):
             await asyncio.sleep(0.5)

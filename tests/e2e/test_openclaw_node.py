@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,12 @@ def node_modules(request: pytest.FixtureRequest) -> Path:
     node, npm = shutil.which("node"), shutil.which("npm")
     if node is None or npm is None:
         pytest.skip("node and npm are needed to run openclaw-node")
-    prefix = Path(request.config.cache.mkdir(f"{PACKAGE}-{VERSION}"))
+    cache = getattr(request.config, "cache", None)  # absent under `-p no:cacheprovider`
+    if cache is not None:
+        prefix = Path(cache.mkdir(f"{PACKAGE}-{VERSION}"))
+    else:
+        prefix = Path(tempfile.gettempdir()) / f"agentgate-{PACKAGE}-{VERSION}"
+        prefix.mkdir(exist_ok=True)
     if not _installed(prefix):
         (prefix / "package.json").write_text(json.dumps({"name": "agentgate-node-tests", "private": True}))
         proc = subprocess.run(

@@ -247,12 +247,13 @@ def make_sessions(server: GatewayServer, username: str, needles: int, bulk: int)
     """Sessions straight in the database: the needles first (oldest), then the bulk."""
     code = (
         "from django.contrib.auth import get_user_model\n"
-        "from sessions_app import lifecycle\n"
+        "from sessions_app.lifecycle import sessions\n"
         f"u = get_user_model().objects.get(username={username!r})\n"
         f"for i in range({needles}):\n"
-        "    lifecycle.create_session(u.pk, f'agent:main:needle-{i}', label=f'Needle {i}', agent_id='main')\n"
+        "    sessions.create_session(\n"
+        "        owner_id=u.pk, key=f'agent:main:needle-{i}', label=f'Needle {i}', agent_id='main')\n"
         f"for i in range({bulk}):\n"
-        "    lifecycle.create_session(u.pk, f'agent:main:bulk-{i:03d}', label='', agent_id='main')\n"
+        "    sessions.create_session(owner_id=u.pk, key=f'agent:main:bulk-{i:03d}', label='', agent_id='main')\n"
     )
     server._manage("shell", "-c", code)
 
@@ -360,7 +361,8 @@ def axe_source() -> str:
 
 
 def serious_violations(page: Page, axe: str) -> list[str]:
-    page.add_script_tag(content=axe)
+    # evaluated, not added as a <script>: the page's Content-Security-Policy forbids inline scripts
+    page.evaluate(axe)
     results = page.evaluate("axe.run(document, {resultTypes: ['violations']})")
     return [
         f"{v['id']} ({v['impact']}): {v['help']} — {[n['target'] for n in v['nodes']][:5]}"
