@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -115,12 +116,39 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # --- Channel layer -------------------------------------------------------------
 REDIS_URL = env.str("REDIS_URL", default="")
 GATEWAY_CHANNEL_CAPACITY = env.int("GATEWAY_CHANNEL_CAPACITY", default=500)
+# redis-py 8 reads with a 5-second socket timeout by default, the length of channels-redis's
+# idle BZPOPMIN: the read lost that race and idle consumers were closed with 1011
+# (channels_redis#422). The socket timeout must stay above 5 s; a finite one still notices a
+# silently dead Redis. Retries with backoff ride over a Redis restart; the pool waits for a
+# free connection instead of failing a burst of connects (chat.layers).
+REDIS_SOCKET_TIMEOUT_SECONDS = env.float("REDIS_SOCKET_TIMEOUT_SECONDS", default=15.0)
+REDIS_MAX_CONNECTIONS = env.int("REDIS_MAX_CONNECTIONS", default=50)
+REDIS_POOL_TIMEOUT_SECONDS = env.float("REDIS_POOL_TIMEOUT_SECONDS", default=20.0)
+REDIS_RETRIES = env.int("REDIS_RETRIES", default=10)
 if REDIS_URL:
+    if REDIS_SOCKET_TIMEOUT_SECONDS <= 6:
+        raise ImproperlyConfigured("REDIS_SOCKET_TIMEOUT_SECONDS must exceed the layer's 5-second blocking read")
+    from redis.asyncio.retry import Retry
+    from redis.backoff import ExponentialBackoff
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
     CHANNEL_LAYERS: dict[str, Any] = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "BACKEND": "chat.layers.GatewayRedisChannelLayer",
             "CONFIG": {
-                "hosts": [REDIS_URL],
+                "hosts": [{
+                    "address": REDIS_URL,
+                    "socket_timeout": REDIS_SOCKET_TIMEOUT_SECONDS,
+                    "socket_connect_timeout": env.float("REDIS_CONNECT_TIMEOUT_SECONDS", default=5.0),
+                    "socket_keepalive": True,
+                    "health_check_interval": env.int("REDIS_HEALTH_CHECK_SECONDS", default=30),
+                    # 0.1, 0.2, ... capped at 2 s: ten retries cover about 15 s of Redis restart
+                    "retry": Retry(ExponentialBackoff(cap=2.0, base=0.1), REDIS_RETRIES),
+                    "retry_on_error": [RedisConnectionError, RedisTimeoutError],
+                    "max_connections": REDIS_MAX_CONNECTIONS,
+                    "timeout": REDIS_POOL_TIMEOUT_SECONDS,  # wait for a pooled connection
+                }],
                 "capacity": GATEWAY_CHANNEL_CAPACITY,
                 "prefix": env.str("REDIS_LAYER_PREFIX", default="agentgate"),
             },
