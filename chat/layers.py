@@ -43,4 +43,3 @@ def pool_stats() -> dict[str, int]:
         stats["open"] += in_use + len(getattr(pool, "_available_connections", ()))
         stats["max"] += int(pool.max_connections)
     return stats
-

@@ -222,6 +222,9 @@ GATEWAY_CONNECT_TIMEOUT_MS = env.int("GATEWAY_CONNECT_TIMEOUT_MS", default=10_00
 GATEWAY_RATE_PER_SEC = env.float("GATEWAY_RATE_PER_SEC", default=20.0)
 GATEWAY_RATE_BURST = env.int("GATEWAY_RATE_BURST", default=40)
 GATEWAY_REPAIR_SECONDS = env.float("GATEWAY_REPAIR_SECONDS", default=5.0)
+# Re-add connections to their layer groups this often (Redis forgets groups on a restart
+# without persistence, and after a day); 0 turns it off.
+GATEWAY_GROUP_REFRESH_SECONDS = env.float("GATEWAY_GROUP_REFRESH_SECONDS", default=30.0)
 GATEWAY_RECOVERY_SECONDS = env.float("GATEWAY_RECOVERY_SECONDS", default=30.0)
 GATEWAY_HEARTBEAT_SECONDS = env.float("GATEWAY_HEARTBEAT_SECONDS", default=5.0)
 GATEWAY_DELTA_INTERVAL_MS = env.int("GATEWAY_DELTA_INTERVAL_MS", default=50)

@@ -4,7 +4,9 @@
   (the recovery sweep), claim runs that nobody executes;
 - reconcile: make this process's tasks and the database agree, both ways;
 - repair (§9): one database pass for all connections of the process;
-- listen: abort and hand-off messages routed to this process by the channel layer.
+- listen: abort and hand-off messages routed to this process by the channel layer;
+- regroup: re-add every connection (and the listener) to its layer groups, because
+  Redis forgets them: after `group_expiry` (a day) and on a restart without persistence.
 """
 
 from __future__ import annotations
@@ -40,12 +42,16 @@ class Supervisor:
         self.runtime = runtime
         self.tasks: list[asyncio.Task[None]] = []
         self.scanner = repair.Scanner()
+        self.listen_channel: str | None = None
 
     def start(self) -> None:
         self.scanner = repair.Scanner()
         self.tasks = [
             asyncio.ensure_future(loop())
-            for loop in (self._heartbeat_loop, self._reconcile_loop, self._repair_loop, self._listen_loop)
+            for loop in (
+                self._heartbeat_loop, self._reconcile_loop, self._repair_loop, self._listen_loop,
+                self._regroup_loop,
+            )
         ]
 
     async def stop(self) -> None:
@@ -133,6 +139,7 @@ class Supervisor:
             try:
                 channel = await layer.new_channel()
                 await layer.group_add(groups.process_group(rt.server_id), channel)
+                self.listen_channel = channel
                 health.ok("listener")
                 delay = 1.0
                 while not rt.stopping:
@@ -151,6 +158,26 @@ class Supervisor:
                 log.exception("process channel listener failed; restarting in %.0fs", delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)
+
+    async def _regroup_loop(self) -> None:
+        """Group memberships live in Redis, which may lose them; idempotent re-adds restore them."""
+        rt = self.runtime
+        layer = get_channel_layer()
+        if layer is None or settings.GATEWAY_GROUP_REFRESH_SECONDS <= 0:
+            return
+        while not rt.stopping:
+            await asyncio.sleep(settings.GATEWAY_GROUP_REFRESH_SECONDS)
+            try:
+                if self.listen_channel is not None:
+                    await layer.group_add(groups.process_group(rt.server_id), self.listen_channel)
+                for connection in rt.connections:
+                    for group in list(getattr(connection, "groups", ())):
+                        await layer.group_add(group, connection.channel_name)
+                health.ok("regroup")
+            except Exception as exc:
+                health.failed("regroup", exc)
+                metrics.channel_layer_failed("regroup")
+                log.warning("re-adding layer groups failed; trying again next pass", exc_info=True)
 
     # --- shutdown -------------------------------------------------------------------------------
 
