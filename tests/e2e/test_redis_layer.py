@@ -191,8 +191,8 @@ async def test_redis_restart_keeps_idle_connections_and_delivery(tmp_path, own_r
             assert [c.closed for c in idle] == [None] * len(idle), "idle connections dropped by the restart"
             # a new connection works, and its run reaches the connections from before the restart
             async with ws_client(server, token) as fresh:
-                await fresh.ok("chat.send", send_params("restart", "after the restart [[words:3]] [[tick:20]]", "r1"))
-                assert (await fresh.wait_terminal("r1", 10))["state"] == "final"
+                await fresh.ok("chat.send", send_params("restart", "after the restart [[words:6]] [[tick:150]]", "r1"))
+                assert (await fresh.wait_terminal("r1", 20))["state"] == "final"
                 for c in idle:
                     assert (await c.wait_terminal("r1", 10))["state"] == "final"
                     # live events again, not only the repair pass's terminal: the groups were re-added
