@@ -14,6 +14,7 @@ import secrets
 import uuid
 from typing import Any
 
+from autobahn.exception import Disconnected
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
@@ -197,7 +198,12 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         await self.send_event("shutdown", {"reason": reason})
 
     async def _send_frame(self, frame: dict[str, Any]) -> None:
-        await self.send(text_data=json.dumps(frame, separators=(",", ":")))
+        try:
+            await self.send(text_data=json.dumps(frame, separators=(",", ":")))
+        except Disconnected:
+            # The client closed while an event was on its way: its disconnect follows, and
+            # a traceback here would only say that a peer went away.
+            log.debug("frame not sent: the client is gone")
 
     async def _reply_error(self, rid: str, exc: ProtocolError) -> None:
         await self._send_frame(protocol.response_error(rid, exc.to_error()))

@@ -180,7 +180,7 @@ def _pool_gauges() -> list[GaugeMetricFamily]:
 
 def _layer_pool_gauges() -> list[GaugeMetricFamily]:
     """The Redis channel layer's connections in this process (none with the in-memory layer)."""
-    from .layers import pool_stats
+    from .layers import pool_stats  # here: chat.layers imports channels_redis, needed only with Redis
 
     stats = pool_stats()
     if not stats["max"]:
