@@ -36,11 +36,13 @@ class Hub:
         self.members: dict[str, set[Member]] = defaultdict(set)  # group -> its local connections
         self.task: asyncio.Task[None] | None = None
         self.on_control: Any = None  # (message) -> None: messages for the process itself (run.cancel)
+        self.process_group: str | None = None
         self._lock = asyncio.Lock()
 
     async def start(self, process_group: str, on_control: Any) -> None:
         """Open the channel, join the process's own group, and start receiving."""
         self.on_control = on_control
+        self.process_group = process_group
         self.members.clear()
         self._lock = asyncio.Lock()  # of this loop (a test, or a restart, brings a new one)
         await self._open(process_group)
@@ -83,6 +85,14 @@ class Hub:
                     del self.members[group]
                     if self.channel is not None:
                         await _group_discard(group, self.channel)
+
+    async def regroup(self) -> None:
+        """Join again every group the process's connections need (the layer may have lost them)."""
+        if self.channel is None or self.process_group is None:
+            return
+        await _group_add(self.process_group, self.channel)
+        for group in list(self.members):
+            await _group_add(group, self.channel)
 
     async def deliver(self, message: dict[str, Any]) -> None:
         """Hand one layer message to the local connections of its group.

@@ -178,6 +178,23 @@ def _pool_gauges() -> list[GaugeMetricFamily]:
     return out
 
 
+def _layer_pool_gauges() -> list[GaugeMetricFamily]:
+    """The Redis channel layer's connections in this process (none with the in-memory layer)."""
+    from .layers import pool_stats  # here: chat.layers imports channels_redis, needed only with Redis
+
+    stats = pool_stats()
+    if not stats["max"]:
+        return []
+    gauge = GaugeMetricFamily(
+        "agentgate_channel_layer_redis_connections",
+        "Redis connections of this process's channel-layer pool: open, in use, and the pool's maximum.",
+        labels=["state"],
+    )
+    for key in ("open", "in_use", "max"):
+        gauge.add_metric([key], float(stats[key]))
+    return [gauge]
+
+
 class GatewayStateCollector(Collector):
     """Gauges read at scrape time: database state (bounded by a deadline), the pool, this process."""
 
@@ -197,6 +214,7 @@ class GatewayStateCollector(Collector):
             loops.add_metric([name], 1.0 if state.ok else 0.0)
         yield loops
         yield from _pool_gauges()
+        yield from _layer_pool_gauges()
         error = GaugeMetricFamily(
             "agentgate_scrape_database_error", "1 if the database gauges could not be read (database unreachable)."
         )

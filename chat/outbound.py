@@ -18,6 +18,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
+from autobahn.exception import Disconnected
 from django.conf import settings
 
 log = logging.getLogger(__name__)
@@ -165,6 +166,11 @@ class Outbound:
                 return
         try:
             await self.sink.send(text_data=text)
+        except Disconnected:
+            # The client closed while a frame was on its way: its disconnect follows, and a
+            # traceback would only say that a peer went away.
+            log.debug("frame not sent: the client is gone")
+            await self.end(CLOSE_SEND_FAILED)
         except Exception:
             log.warning("sending a frame failed: closing", exc_info=True)
             await self.end(CLOSE_SEND_FAILED)

@@ -14,6 +14,7 @@ from typing import Any
 
 import environ
 from csp.constants import NONE, SELF
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -160,12 +161,39 @@ GATEWAY_CHANNEL_CAPACITY = env.int("GATEWAY_CHANNEL_CAPACITY", default=500)
 # The process's own channel (chat.hub) receives every event of all its connections.
 GATEWAY_PROCESS_CHANNEL_CAPACITY = env.int("GATEWAY_PROCESS_CHANNEL_CAPACITY", default=100_000)
 _CHANNEL_CAPACITY = {"gateway.*": GATEWAY_PROCESS_CHANNEL_CAPACITY}
+# redis-py 8 reads with a 5-second socket timeout by default, the length of channels-redis's
+# idle BZPOPMIN: the read lost that race and idle consumers were closed with 1011
+# (channels_redis#422). The socket timeout must stay above 5 s; a finite one still notices a
+# silently dead Redis. Retries with backoff ride over a Redis restart; the pool waits for a
+# free connection instead of failing a burst of connects (chat.layers).
+REDIS_SOCKET_TIMEOUT_SECONDS = env.float("REDIS_SOCKET_TIMEOUT_SECONDS", default=15.0)
+REDIS_MAX_CONNECTIONS = env.int("REDIS_MAX_CONNECTIONS", default=50)
+REDIS_POOL_TIMEOUT_SECONDS = env.float("REDIS_POOL_TIMEOUT_SECONDS", default=20.0)
+REDIS_RETRIES = env.int("REDIS_RETRIES", default=10)
 if REDIS_URL:
+    if REDIS_SOCKET_TIMEOUT_SECONDS <= 6:
+        raise ImproperlyConfigured("REDIS_SOCKET_TIMEOUT_SECONDS must exceed the layer's 5-second blocking read")
+    from redis.asyncio.retry import Retry
+    from redis.backoff import ExponentialBackoff
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
     CHANNEL_LAYERS: dict[str, Any] = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "BACKEND": "chat.layers.GatewayRedisChannelLayer",
             "CONFIG": {
-                "hosts": [REDIS_URL],
+                "hosts": [{
+                    "address": REDIS_URL,
+                    "socket_timeout": REDIS_SOCKET_TIMEOUT_SECONDS,
+                    "socket_connect_timeout": env.float("REDIS_CONNECT_TIMEOUT_SECONDS", default=5.0),
+                    "socket_keepalive": True,
+                    "health_check_interval": env.int("REDIS_HEALTH_CHECK_SECONDS", default=30),
+                    # 0.1, 0.2, ... capped at 2 s: ten retries cover about 15 s of Redis restart
+                    "retry": Retry(ExponentialBackoff(cap=2.0, base=0.1), REDIS_RETRIES),
+                    "retry_on_error": [RedisConnectionError, RedisTimeoutError],
+                    "max_connections": REDIS_MAX_CONNECTIONS,
+                    "timeout": REDIS_POOL_TIMEOUT_SECONDS,  # wait for a pooled connection
+                }],
                 "capacity": GATEWAY_CHANNEL_CAPACITY,
                 "channel_capacity": _CHANNEL_CAPACITY,
                 "prefix": env.str("REDIS_LAYER_PREFIX", default="agentgate"),
@@ -270,6 +298,9 @@ GATEWAY_HEADER_TIMEOUT_SECONDS = env.float("GATEWAY_HEADER_TIMEOUT_SECONDS", def
 GATEWAY_RATE_PER_SEC = env.float("GATEWAY_RATE_PER_SEC", default=20.0)
 GATEWAY_RATE_BURST = env.int("GATEWAY_RATE_BURST", default=40)
 GATEWAY_REPAIR_SECONDS = env.float("GATEWAY_REPAIR_SECONDS", default=5.0)
+# Re-add connections to their layer groups this often (Redis forgets groups on a restart
+# without persistence, and after a day); 0 turns it off.
+GATEWAY_GROUP_REFRESH_SECONDS = env.float("GATEWAY_GROUP_REFRESH_SECONDS", default=30.0)
 GATEWAY_RECOVERY_SECONDS = env.float("GATEWAY_RECOVERY_SECONDS", default=30.0)
 GATEWAY_HEARTBEAT_SECONDS = env.float("GATEWAY_HEARTBEAT_SECONDS", default=5.0)
 GATEWAY_DELTA_INTERVAL_MS = env.int("GATEWAY_DELTA_INTERVAL_MS", default=50)

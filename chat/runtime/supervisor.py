@@ -3,7 +3,9 @@
 - heartbeat: keep this process alive in the registry, end the runs of dead ones
   (the recovery sweep), claim runs that nobody executes;
 - reconcile: make this process's tasks and the database agree, both ways;
-- repair (§9): one database pass for all connections of the process.
+- repair (§9): one database pass for all connections of the process;
+- regroup: re-add the process's channel to its layer groups, because Redis forgets them
+  (after `group_expiry`, and on a restart without persistence).
 
 (What the channel layer routes to the process, events and aborts, arrives through `chat.hub`.)
 """
@@ -45,7 +47,7 @@ class Supervisor:
         self.scanner = repair.Scanner()
         self.tasks = [
             asyncio.ensure_future(loop())
-            for loop in (self._heartbeat_loop, self._reconcile_loop, self._repair_loop)
+            for loop in (self._heartbeat_loop, self._reconcile_loop, self._repair_loop, self._regroup_loop)
         ]
 
     async def stop(self) -> None:
@@ -121,6 +123,21 @@ class Supervisor:
                 metrics.REPAIR_PASSES.labels("error").inc()
                 health.failed("repair", exc)
                 log.exception("repair pass failed")
+
+    async def _regroup_loop(self) -> None:
+        """Group memberships live in the layer, which may lose them; idempotent re-adds restore them."""
+        rt = self.runtime
+        if settings.GATEWAY_GROUP_REFRESH_SECONDS <= 0:
+            return
+        while not rt.stopping:
+            await asyncio.sleep(settings.GATEWAY_GROUP_REFRESH_SECONDS)
+            try:
+                await rt.hub.regroup()
+                health.ok("regroup")
+            except Exception as exc:
+                health.failed("regroup", exc)
+                metrics.channel_layer_failed("regroup")
+                log.warning("re-adding layer groups failed; trying again next pass", exc_info=True)
 
     # --- shutdown -------------------------------------------------------------------------------
 
