@@ -25,11 +25,13 @@ run: setup
 
 test: .setup-stamp
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy gatewayproject chat sessions_app
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: .setup-stamp
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 typecheck: .setup-stamp
 	$(BIN)/mypy gatewayproject chat sessions_app

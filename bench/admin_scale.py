@@ -80,8 +80,14 @@ def main() -> None:
     postgres = connection.vendor == "postgresql"
     if not args.keep and not (postgres and ChatSession.objects.exists()):
         started = time.perf_counter()
-        call_command("seed_demo_data", sessions=args.sessions, runs=args.runs, progress="never",
-                     transcripts=postgres, stdout=io.StringIO())
+        call_command(
+            "seed_demo_data",
+            sessions=args.sessions,
+            runs=args.runs,
+            progress="never",
+            transcripts=postgres,
+            stdout=io.StringIO(),
+        )
         seconds = time.perf_counter() - started
         report("seed_demo_data", seconds=round(seconds, 1), runs_per_s=int(args.runs / seconds) if seconds else 0)
         if postgres:
@@ -121,6 +127,7 @@ def main() -> None:
         "run changelist search": f"{runs_url}?q={run.run_id}",
         "run detail": f"{runs_url}{run.pk}/change/",
     }
+
     def full_scan(step: str) -> bool:
         if postgres:
             return "Seq Scan on sessions_app_run" in step or "Seq Scan on sessions_app_chatsession" in step
@@ -166,8 +173,13 @@ def main() -> None:
         scans = [s for s in steps if full_scan(s)]
         started = time.perf_counter()
         count = qs.count()
-        report(f"plan {name}", rows=count, ms=round((time.perf_counter() - started) * 1000, 1),
-               full_scans=len(scans), plan=" | ".join(steps))
+        report(
+            f"plan {name}",
+            rows=count,
+            ms=round((time.perf_counter() - started) * 1000, 1),
+            full_scans=len(scans),
+            plan=" | ".join(steps),
+        )
 
     started = time.perf_counter()
     findings = doctor.check()
@@ -182,16 +194,24 @@ def main() -> None:
         return
     started = time.perf_counter()
     call_command("recover_runs", stdout=io.StringIO())
-    report("recover_runs", ms=round((time.perf_counter() - started) * 1000, 1),
-           stuck_after=ops_selectors.stuck_sessions().count())
+    report(
+        "recover_runs",
+        ms=round((time.perf_counter() - started) * 1000, 1),
+        stuck_after=ops_selectors.stuck_sessions().count(),
+    )
 
     candidates = retention.count_candidates(60)
     started = time.perf_counter()
     pruned = retention.prune_sessions(older_than_days=60)
     seconds = time.perf_counter() - started
-    report("prune_sessions --older-than-days 60", sessions=pruned.sessions, runs=pruned.runs,
-           candidates=candidates, seconds=round(seconds, 1),
-           sessions_per_s=int(pruned.sessions / seconds) if seconds else 0)
+    report(
+        "prune_sessions --older-than-days 60",
+        sessions=pruned.sessions,
+        runs=pruned.runs,
+        candidates=candidates,
+        seconds=round(seconds, 1),
+        sessions_per_s=int(pruned.sessions / seconds) if seconds else 0,
+    )
 
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(results, indent=2))

@@ -39,18 +39,36 @@ def pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
-async def one_client(server: ServerHandle, token: str, idx: int, args: argparse.Namespace,
-                     acks: list[float], finals: list[float], counts: list[int]) -> None:
+async def one_client(
+    server: ServerHandle,
+    token: str,
+    idx: int,
+    args: argparse.Namespace,
+    acks: list[float],
+    finals: list[float],
+    counts: list[int],
+) -> None:
     async with ws_client(server, token, subscribe=True) as c:
         for r in range(args.runs):
             run_id = f"c{idx}r{r}"
             sent = time.perf_counter()
-            ack = await c.ok("chat.send", {"sessionKey": f"bench{idx}", "idempotencyKey": run_id,
-                                           "message": f"[[words:{args.words}]] [[tick:{args.tick}]]"}, timeout=60)
+            ack = await c.ok(
+                "chat.send",
+                {
+                    "sessionKey": f"bench{idx}",
+                    "idempotencyKey": run_id,
+                    "message": f"[[words:{args.words}]] [[tick:{args.tick}]]",
+                },
+                timeout=60,
+            )
             acks.append((time.perf_counter() - sent) * 1000)
             assert ack["status"] == "started", ack
-            await c.wait_event(lambda e, rid=run_id: e["event"] == "chat" and e["payload"]["runId"] == rid
-                               and e["payload"]["state"] == "final", timeout=120)
+            await c.wait_event(
+                lambda e, rid=run_id: (
+                    e["event"] == "chat" and e["payload"]["runId"] == rid and e["payload"]["state"] == "final"
+                ),
+                timeout=120,
+            )
             finals.append((time.perf_counter() - sent) * 1000)
         counts.append(len(c.events))
 
@@ -90,12 +108,15 @@ async def main() -> None:
     events = sum(counts)
     db = "postgresql" if "postgres" in env["DATABASE_URL"] else "sqlite"
     layer = "redis" if env.get("REDIS_URL") else "in-memory"
-    print(f"agentgate bench: {args.clients} clients x {args.runs} runs, {args.words} words, tick {args.tick} ms "
-          f"({db}, {layer} layer)")
+    print(
+        f"agentgate bench: {args.clients} clients x {args.runs} runs, {args.words} words, tick {args.tick} ms "
+        f"({db}, {layer} layer)"
+    )
     print(f"  runs completed      {runs} in {elapsed:.1f} s  ({runs / elapsed:.1f} runs/s)")
     print(f"  chat.send ack ms    p50 {statistics.median(acks):.1f}  p95 {pct(acks, 95):.1f}  max {max(acks):.1f}")
-    print(f"  send->final ms      p50 {statistics.median(finals):.1f}  p95 {pct(finals, 95):.1f}  "
-          f"max {max(finals):.1f}")
+    print(
+        f"  send->final ms      p50 {statistics.median(finals):.1f}  p95 {pct(finals, 95):.1f}  max {max(finals):.1f}"
+    )
     print(f"  events delivered    {events}  ({events / elapsed:.0f} events/s)")
     print(f"  server RSS MiB      {rss_before:.1f} before, {rss_after:.1f} after")
 

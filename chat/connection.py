@@ -143,8 +143,10 @@ class ConnectionState:
         events: list[Event] = []
         for pk, ended in snap.ended.items():
             # not runs that ended before this connection existed: they are not its news
-            if ended.ended_at >= self.connected_at and self.may_see(ended.owner_id) and self.admit_chat(
-                pk, ended.payload
+            if (
+                ended.ended_at >= self.connected_at
+                and self.may_see(ended.owner_id)
+                and self.admit_chat(pk, ended.payload)
             ):
                 events += agent.follow(self, pk, ended.payload, ended.facts)
         for pk in self.open_run_pks():

@@ -207,10 +207,16 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         state = self.state
         if len(runtime.connections.of_user(identity[0])) >= settings.GATEWAY_MAX_CONNECTIONS_PER_USER:
             # one user cannot crowd out everyone else (per process)
-            await self._reply_error(request.id, ProtocolError(
-                "RATE_LIMITED", f"at most {settings.GATEWAY_MAX_CONNECTIONS_PER_USER} connections per user",
-                reason="too-many-connections", retryable=True, retry_after_ms=5000,
-            ))
+            await self._reply_error(
+                request.id,
+                ProtocolError(
+                    "RATE_LIMITED",
+                    f"at most {settings.GATEWAY_MAX_CONNECTIONS_PER_USER} connections per user",
+                    reason="too-many-connections",
+                    retryable=True,
+                    retry_after_ms=5000,
+                ),
+            )
             await self.close(code=handshake.CLOSE_TOO_MANY_CONNECTIONS)
             return
         state.user_id, state.username, staff = identity
@@ -219,8 +225,9 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         state.authed = True
         await self.join_group(groups.user_group(state.user_id))
         runtime.connections.add(self)
-        hello = handshake.hello_ok(conn_id=self.conn_id, scopes=state.scopes, username=state.username,
-                                   methods=list(methods.METHODS))
+        hello = handshake.hello_ok(
+            conn_id=self.conn_id, scopes=state.scopes, username=state.username, methods=list(methods.METHODS)
+        )
         await self._send_frame(protocol.response_ok(request.id, hello))
         self._spawn(self._tick_loop())
 

@@ -34,9 +34,16 @@ def chat_message(owner_id: int, run_pk: int, payload: dict[str, Any]) -> dict[st
     events derived from it).
     """
     return {
-        "type": "gateway.chat", "owner": owner_id, "run": run_pk,
-        "runId": payload["runId"], "sessionKey": payload["sessionKey"], "sessionId": payload["sessionId"],
-        "seq": payload["seq"], "state": payload["state"], "json": encode(payload), "payload": payload,
+        "type": "gateway.chat",
+        "owner": owner_id,
+        "run": run_pk,
+        "runId": payload["runId"],
+        "sessionKey": payload["sessionKey"],
+        "sessionId": payload["sessionId"],
+        "seq": payload["seq"],
+        "state": payload["state"],
+        "json": encode(payload),
+        "payload": payload,
     }
 
 
@@ -51,9 +58,15 @@ def session_message(owner_id: int, session_pk: int, payload: dict[str, Any]) -> 
     row_json = encode(row)
     rest = encode({k: v for k, v in payload.items() if k != "session"})
     return {
-        "type": "gateway.session", "owner": owner_id, "session": session_pk, "key": row["key"],
-        "version": row["version"], "deleted": bool(row.get("deleted")), "reason": payload["reason"],
-        "row": row_json, "json": f'{rest[:-1]},"session":{row_json}}}',
+        "type": "gateway.session",
+        "owner": owner_id,
+        "session": session_pk,
+        "key": row["key"],
+        "version": row["version"],
+        "deleted": bool(row.get("deleted")),
+        "reason": payload["reason"],
+        "row": row_json,
+        "json": f'{rest[:-1]},"session":{row_json}}}',
     }
 
 

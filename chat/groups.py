@@ -16,4 +16,3 @@ def user_group(owner_id: int) -> str:
 def process_group(server_id: str) -> str:
     """The run manager of one server process (abort routing)."""
     return f"proc.{_SAFE.sub('-', server_id)[:80]}"
-

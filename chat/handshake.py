@@ -38,8 +38,9 @@ def parse_connect(params: dict[str, Any]) -> ConnectParams:
         lo = protocol.get_int(params, "minProtocol", lo=0, hi=1_000_000, default=None)
         hi = protocol.get_int(params, "maxProtocol", lo=0, hi=1_000_000, default=None)
         if lo is None or hi is None:
-            raise invalid("minProtocol and maxProtocol are required",
-                          field="minProtocol" if lo is None else "maxProtocol")
+            raise invalid(
+                "minProtocol and maxProtocol are required", field="minProtocol" if lo is None else "maxProtocol"
+            )
         client = params.get("client")
         if not isinstance(client, dict) or not isinstance(client.get("id"), str) or not client["id"]:
             raise invalid("client.id is required", field="client.id")
@@ -73,8 +74,9 @@ def hello_ok(*, conn_id: str, scopes: list[str], username: str, methods: list[st
         "protocol": protocol.PROTOCOL_VERSION,
         "server": {"version": settings.GATEWAY_VERSION, "connId": conn_id},
         "features": {"methods": ["connect", *methods], "events": protocol.EVENTS},
-        "snapshot": {"sessionDefaults": {"defaultAgentId": "main", "mainKey": "main",
-                                         "mainSessionKey": "agent:main:main"}},
+        "snapshot": {
+            "sessionDefaults": {"defaultAgentId": "main", "mainKey": "main", "mainSessionKey": "agent:main:main"}
+        },
         "auth": {"role": "operator", "scopes": scopes, "user": username},
         "policy": {
             "maxPayload": settings.GATEWAY_MAX_PAYLOAD,

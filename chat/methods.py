@@ -102,8 +102,15 @@ async def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 async def health(conn: Conn, params: dict[str, Any]) -> Reply:
     # gateway-wide load is for operators; a user sees the runs of their own sessions
     active, queued = await db_read(selectors.open_run_counts, None if conn.state.is_admin else conn.state.user_id)
-    return Reply({"ok": True, "ts": wire.now_ms(), "version": settings.GATEWAY_VERSION,
-                  "activeRuns": active, "queuedRuns": queued})
+    return Reply(
+        {
+            "ok": True,
+            "ts": wire.now_ms(),
+            "version": settings.GATEWAY_VERSION,
+            "activeRuns": active,
+            "queuedRuns": queued,
+        }
+    )
 
 
 # --- chat.send / sessions.steer ------------------------------------------------------------------
@@ -113,13 +120,18 @@ def refuse_unadmitted(outcome: SendOutcome) -> None:
     """Raise the error of an admission that produced no run of its own: a conflict, a full queue."""
     if outcome.admission == "conflict":
         raise ProtocolError(
-            "CONFLICT", "idempotencyKey was already used with a different message",
-            field="idempotencyKey", reason="idempotency-conflict",
+            "CONFLICT",
+            "idempotencyKey was already used with a different message",
+            field="idempotencyKey",
+            reason="idempotency-conflict",
         )
     if outcome.admission == "queue_full":
         raise ProtocolError(
-            "RATE_LIMITED", f"the session queue is full ({settings.GATEWAY_QUEUE_MAX})",
-            reason="queue-full", retryable=True, retry_after_ms=1000,
+            "RATE_LIMITED",
+            f"the session queue is full ({settings.GATEWAY_QUEUE_MAX})",
+            reason="queue-full",
+            retryable=True,
+            retry_after_ms=1000,
         )
 
 
@@ -129,10 +141,18 @@ def _ack_reply(conn: Conn, outcome: SendOutcome, status: AckStatus | None = None
     session, run = outcome.session, outcome.run
     assert run is not None
     status = status or wire.ack_status(outcome)
-    conn.state.track_run(run.pk, terminal=status in wire.TERMINAL_ACKS, run_id=run.run_id, session_key=session.key,
-                         session_id=str(run.session_generation))
+    conn.state.track_run(
+        run.pk,
+        terminal=status in wire.TERMINAL_ACKS,
+        run_id=run.run_id,
+        session_key=session.key,
+        session_id=str(run.session_generation),
+    )
     payload = wire.ack_payload(
-        run, status, session.key, str(session.session_id),
+        run,
+        status,
+        session.key,
+        str(session.session_id),
         queuePosition=outcome.queue_position if status in (AckStatus.QUEUED, AckStatus.IN_FLIGHT) else None,
         interruptedActiveRun=True if outcome.interrupted_active_run else None,
     )
@@ -160,8 +180,12 @@ def check_held(conn: Conn, field: str) -> None:
     """Refuse one more held answer over the connection's limit (nothing is stored)."""
     if conn.state.held_acks >= settings.GATEWAY_MAX_HELD_ACKS:
         raise ProtocolError(
-            "RATE_LIMITED", f"at most {settings.GATEWAY_MAX_HELD_ACKS} answers may be held at once",
-            field=field, reason="too-many-held-acks", retryable=True, retry_after_ms=1000,
+            "RATE_LIMITED",
+            f"at most {settings.GATEWAY_MAX_HELD_ACKS} answers may be held at once",
+            field=field,
+            reason="too-many-held-acks",
+            retryable=True,
+            retry_after_ms=1000,
         )
 
 
@@ -189,13 +213,22 @@ def _known_send(owner_id: int, send: protocol.ChatSendParams) -> SendOutcome | N
 async def _admit(conn: Conn, send: protocol.ChatSendParams, *, steer: bool) -> SendOutcome:
     backend = get_backend(send.agent_id)
     setup_error = (
-        f"agent {send.agent_id!r} has no usable backend" if backend is None
+        f"agent {send.agent_id!r} has no usable backend"
+        if backend is None
         else backend.check_setup(send.message, send.attachments)
     )
     request = SendRequest(
-        owner_id=conn.state.user_id, key=send.key, agent_id=send.agent_id, run_id=send.run_id, message=send.message,
-        body_hash=send.body_hash, timeout_ms=send.timeout_ms, attachments=send.attachments,
-        queue_mode=send.queue_mode, interrupt_reason="steer" if steer else "interrupt", setup_error=setup_error,
+        owner_id=conn.state.user_id,
+        key=send.key,
+        agent_id=send.agent_id,
+        run_id=send.run_id,
+        message=send.message,
+        body_hash=send.body_hash,
+        timeout_ms=send.timeout_ms,
+        attachments=send.attachments,
+        queue_mode=send.queue_mode,
+        interrupt_reason="steer" if steer else "interrupt",
+        setup_error=setup_error,
     )
     outcome: SendOutcome = await call(runs.admit_send, request, owner_process=runtime.owner_for_new_runs())
     return outcome
@@ -209,10 +242,18 @@ async def _held_ack(conn: Conn, outcome: SendOutcome, send: protocol.ChatSendPar
     run = await runtime.executor.wait_terminal(outcome.run.pk, send.wait_ms / 1000)
     if run is None:
         # Gone with its deleted session: that ended it (aborted, stopReason delete).
-        conn.state.track_run(outcome.run.pk, terminal=True, run_id=send.run_id, session_key=session.key,
-                             session_id=str(session.session_id))
-        return Reply(wire.ack_payload(None, AckStatus.TIMEOUT, session.key, str(session.session_id),
-                                      runId=send.run_id, stopReason="delete"))
+        conn.state.track_run(
+            outcome.run.pk,
+            terminal=True,
+            run_id=send.run_id,
+            session_key=session.key,
+            session_id=str(session.session_id),
+        )
+        return Reply(
+            wire.ack_payload(
+                None, AckStatus.TIMEOUT, session.key, str(session.session_id), runId=send.run_id, stopReason="delete"
+            )
+        )
     # Rebuilt from the run as it is now: a terminal ack once it has ended, a fresh
     # queue position while it waits.
     status = wire.replay_ack(run)
@@ -228,13 +269,22 @@ async def command(conn: Conn, send: protocol.ChatSendParams) -> Reply:
     assert command is not None
     owner_id = conn.state.user_id
     if command in protocol.STOP_COMMANDS:
-        session, killed = await call(sessions.abort_all, owner_id=owner_id, key=send.key, stop_reason="stop",
-                                     actor="user", create=True, agent_id=send.agent_id)
+        session, killed = await call(
+            sessions.abort_all,
+            owner_id=owner_id,
+            key=send.key,
+            stop_reason="stop",
+            actor="user",
+            create=True,
+            agent_id=send.agent_id,
+        )
     else:
-        session, killed = await call(sessions.reset_session, owner_id=owner_id, key=send.key, create=True,
-                                     agent_id=send.agent_id)
-    payload = wire.ack_payload(None, AckStatus.OK, session.key, str(session.session_id), runId=send.run_id,
-                               aborted=bool(killed), runIds=killed)
+        session, killed = await call(
+            sessions.reset_session, owner_id=owner_id, key=send.key, create=True, agent_id=send.agent_id
+        )
+    payload = wire.ack_payload(
+        None, AckStatus.OK, session.key, str(session.session_id), runId=send.run_id, aborted=bool(killed), runIds=killed
+    )
     payload["command"] = command
     return Reply(payload)
 
@@ -257,8 +307,9 @@ async def sessions_steer(conn: Conn, params: dict[str, Any]) -> Reply:
 async def chat_abort(conn: Conn, params: dict[str, Any]) -> Reply:
     key, _agent = protocol.session_key_param(params)
     run_id = protocol.get_str(params, "runId", required=False, max_len=128, pattern=protocol.RUN_ID_RE)
-    outcome = await call(sessions.abort, owner_id=conn.state.user_id, key=key, run_id=run_id,
-                         owner_process=runtime.owner_for_new_runs())
+    outcome = await call(
+        sessions.abort, owner_id=conn.state.user_id, key=key, run_id=run_id, owner_process=runtime.owner_for_new_runs()
+    )
     return Reply({"aborted": outcome.aborted, "runIds": outcome.run_ids})
 
 
@@ -266,8 +317,14 @@ def _history(owner_id: int, key: str, limit: int, before_id: int | None) -> dict
     session = selectors.find_session(owner_id, key)
     if session is None:
         # A key that was never used is an empty conversation, not an error.
-        return {"sessionKey": key, "sessionId": None, "messages": [], "hasMore": False, "session": None,
-                "queuedRuns": []}
+        return {
+            "sessionKey": key,
+            "sessionId": None,
+            "messages": [],
+            "hasMore": False,
+            "session": None,
+            "queuedRuns": [],
+        }
     return wire.history(session, selectors.transcript(session, limit=limit, before_id=before_id))
 
 
@@ -307,9 +364,17 @@ async def sessions_list(conn: Conn, params: dict[str, Any]) -> Reply:
         raise invalid("status must be one of " + ", ".join(sorted(LIST_STATUSES)), field="status")
     active_only = protocol.get_bool(params, "activeOnly")
     search = protocol.get_str(params, "search", required=False, min_len=0, max_len=200)
-    return Reply(await db_read(
-        _list, conn.state.user_id, offset, limit=limit, status=status, active_only=active_only, search=search or None
-    ))
+    return Reply(
+        await db_read(
+            _list,
+            conn.state.user_id,
+            offset,
+            limit=limit,
+            status=status,
+            active_only=active_only,
+            search=search or None,
+        )
+    )
 
 
 @method("sessions.subscribe", scope=Scope.READ)
@@ -352,8 +417,7 @@ async def sessions_create(conn: Conn, params: dict[str, Any]) -> Reply:
     agent_id = agent_id or "main"
     if agent_id not in settings.GATEWAY_AGENTS:
         raise ProtocolError("NOT_FOUND", f"unknown agent: {agent_id}", field="agentId")
-    session = await call(sessions.create_session, owner_id=conn.state.user_id, key=key, label=label,
-                         agent_id=agent_id)
+    session = await call(sessions.create_session, owner_id=conn.state.user_id, key=key, label=label, agent_id=agent_id)
     return Reply({"session": await db_read(_row, session.pk)})
 
 

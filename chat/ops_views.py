@@ -128,8 +128,12 @@ def _loop_limits() -> dict[str, float]:
     """How long each background loop may go without a success before the process is unready."""
     beat = float(settings.GATEWAY_HEARTBEAT_SECONDS)
     repair = float(settings.GATEWAY_REPAIR_SECONDS)
-    return {"sweep": max(30.0, beat * 6), "reconcile": max(30.0, repair * 6), "repair": max(30.0, repair * 6),
-            "listener": 0.0}
+    return {
+        "sweep": max(30.0, beat * 6),
+        "reconcile": max(30.0, repair * 6),
+        "repair": max(30.0, repair * 6),
+        "listener": 0.0,
+    }
 
 
 async def _timed(check: Any) -> tuple[bool, str, float]:

@@ -29,6 +29,7 @@ class Scope(StrEnum):
     WRITE = "operator.write"
     ADMIN = "operator.admin"
 
+
 # Always matched whole (`fullmatch`): `$` would let a trailing newline through.
 KEY_NAME_RE = re.compile(r"[A-Za-z0-9._:-]{1,200}")
 AGENT_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -148,7 +149,12 @@ def event_frame_json(name: str, payload_json: str, seq: int) -> str:
 
 
 def get_str(
-    params: dict[str, Any], name: str, *, required: bool = True, min_len: int = 1, max_len: int = 10_000,
+    params: dict[str, Any],
+    name: str,
+    *,
+    required: bool = True,
+    min_len: int = 1,
+    max_len: int = 10_000,
     pattern: re.Pattern[str] | None = None,
 ) -> str | None:
     value = params.get(name)
@@ -319,8 +325,10 @@ class ChatSendParams:
 
     @property
     def body_hash(self) -> str:
-        body = {"message": self.message, "attachments": [[a["mimeType"], a["fileName"], a["sha256"]]
-                                                         for a in self.attachments]}
+        body = {
+            "message": self.message,
+            "attachments": [[a["mimeType"], a["fileName"], a["sha256"]] for a in self.attachments],
+        }
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
     @property
@@ -363,8 +371,14 @@ def parse_chat_send(params: dict[str, Any]) -> ChatSendParams:
     if queue_mode not in ("followup", "interrupt"):
         raise invalid("queueMode must be 'followup' or 'interrupt'", field="queueMode")
     return ChatSendParams(
-        key=key, agent_id=agent_id, message=message, run_id=run_id, attachments=attachments,
-        timeout_ms=timeout_ms or settings.GATEWAY_DEFAULT_TIMEOUT_MS, wait_ms=wait_ms or 0, queue_mode=queue_mode,
+        key=key,
+        agent_id=agent_id,
+        message=message,
+        run_id=run_id,
+        attachments=attachments,
+        timeout_ms=timeout_ms or settings.GATEWAY_DEFAULT_TIMEOUT_MS,
+        wait_ms=wait_ms or 0,
+        queue_mode=queue_mode,
     )
 
 
@@ -400,7 +414,11 @@ def parse_agent(params: dict[str, Any]) -> ChatSendParams:
             raise invalid("timeout must be a number of seconds between 1 and 3600", field="timeout")
         timeout_ms = int(timeout * 1000)
     mapped: dict[str, Any] = {
-        "sessionKey": key, "message": params.get("message"), "idempotencyKey": params.get("idempotencyKey"),
-        "attachments": params.get("attachments"), "timeoutMs": timeout_ms, "queueMode": params.get("queueMode"),
+        "sessionKey": key,
+        "message": params.get("message"),
+        "idempotencyKey": params.get("idempotencyKey"),
+        "attachments": params.get("attachments"),
+        "timeoutMs": timeout_ms,
+        "queueMode": params.get("queueMode"),
     }
     return parse_chat_send({k: v for k, v in mapped.items() if v is not None})

@@ -26,8 +26,14 @@ from .runtime import hooks
 
 
 def on_run_transitioned(
-    sender: Any, run: Run, session: ChatSession, from_state: str, to_state: str, reason: str,
-    row_changed: bool, **kwargs: Any,
+    sender: Any,
+    run: Run,
+    session: ChatSession,
+    from_state: str,
+    to_state: str,
+    reason: str,
+    row_changed: bool,
+    **kwargs: Any,
 ) -> None:
     owner_id = session.owner_id
     # Broadcasts are queued first: the hooks below may wake this run's worker, whose next

@@ -83,9 +83,9 @@ def session_row(session: ChatSession, queued: Sequence[str]) -> dict[str, Any]:
         "agentId": session.agent_id,
         "label": session.label,
         "kind": "direct",
-        "status": SessionStatus.RUNNING.value if running else (
-            None if session.status == SessionStatus.RUNNING else session.status
-        ),
+        "status": SessionStatus.RUNNING.value
+        if running
+        else (None if session.status == SessionStatus.RUNNING else session.status),
         "hasActiveRun": running,
         "activeRunIds": [active] if active is not None else [],
         "queuedRunIds": list(queued),
@@ -159,15 +159,21 @@ def chat_payload(run: Run, session_key: str) -> dict[str, Any]:
         return {**base, "state": ChatState.STATUS.value, "phase": state}
     if state == RunState.DONE:
         return {
-            **base, "state": ChatState.FINAL.value, "stopReason": run.stop_reason or "stop",
-            "message": assistant_message(run.reply, ms(run.ended_at)), **run_details(run),
+            **base,
+            "state": ChatState.FINAL.value,
+            "stopReason": run.stop_reason or "stop",
+            "message": assistant_message(run.reply, ms(run.ended_at)),
+            **run_details(run),
         }
     if state == RunState.KILLED:
         payload = {**base, "state": ChatState.ABORTED.value, "stopReason": run.stop_reason or "rpc", **run_details(run)}
     else:
         kind = run.error_kind or ("timeout" if state == RunState.TIMEOUT else "unknown")
         payload = {
-            **base, "state": ChatState.ERROR.value, "errorKind": kind, "errorMessage": run.error_message or state,
+            **base,
+            "state": ChatState.ERROR.value,
+            "errorKind": kind,
+            "errorMessage": run.error_message or state,
             **run_details(run),
         }
     if run.reply:
@@ -179,8 +185,13 @@ def delta_payload(
     run_id: str, session_key: str, session_id: str, seq: int, delta: str, text: str, ts: int
 ) -> dict[str, Any]:
     return {
-        "runId": run_id, "sessionKey": session_key, "sessionId": session_id, "seq": seq,
-        "state": ChatState.DELTA.value, "deltaText": delta, "message": assistant_message(text, ts),
+        "runId": run_id,
+        "sessionKey": session_key,
+        "sessionId": session_id,
+        "seq": seq,
+        "state": ChatState.DELTA.value,
+        "deltaText": delta,
+        "message": assistant_message(text, ts),
     }
 
 

@@ -182,18 +182,20 @@ if REDIS_URL:
         "default": {
             "BACKEND": "chat.layers.GatewayRedisChannelLayer",
             "CONFIG": {
-                "hosts": [{
-                    "address": REDIS_URL,
-                    "socket_timeout": REDIS_SOCKET_TIMEOUT_SECONDS,
-                    "socket_connect_timeout": env.float("REDIS_CONNECT_TIMEOUT_SECONDS", default=5.0),
-                    "socket_keepalive": True,
-                    "health_check_interval": env.int("REDIS_HEALTH_CHECK_SECONDS", default=30),
-                    # 0.1, 0.2, ... capped at 2 s: ten retries cover about 15 s of Redis restart
-                    "retry": Retry(ExponentialBackoff(cap=2.0, base=0.1), REDIS_RETRIES),
-                    "retry_on_error": [RedisConnectionError, RedisTimeoutError],
-                    "max_connections": REDIS_MAX_CONNECTIONS,
-                    "timeout": REDIS_POOL_TIMEOUT_SECONDS,  # wait for a pooled connection
-                }],
+                "hosts": [
+                    {
+                        "address": REDIS_URL,
+                        "socket_timeout": REDIS_SOCKET_TIMEOUT_SECONDS,
+                        "socket_connect_timeout": env.float("REDIS_CONNECT_TIMEOUT_SECONDS", default=5.0),
+                        "socket_keepalive": True,
+                        "health_check_interval": env.int("REDIS_HEALTH_CHECK_SECONDS", default=30),
+                        # 0.1, 0.2, ... capped at 2 s: ten retries cover about 15 s of Redis restart
+                        "retry": Retry(ExponentialBackoff(cap=2.0, base=0.1), REDIS_RETRIES),
+                        "retry_on_error": [RedisConnectionError, RedisTimeoutError],
+                        "max_connections": REDIS_MAX_CONNECTIONS,
+                        "timeout": REDIS_POOL_TIMEOUT_SECONDS,  # wait for a pooled connection
+                    }
+                ],
                 "capacity": GATEWAY_CHANNEL_CAPACITY,
                 "channel_capacity": _CHANNEL_CAPACITY,
                 "prefix": env.str("REDIS_LAYER_PREFIX", default="agentgate"),

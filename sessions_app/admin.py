@@ -134,10 +134,14 @@ class RowAnnotationsMixin:
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return RowAnnotatedChangeList
 
-    def get_paginator(self, request: HttpRequest, queryset: Any, per_page: int, orphans: int = 0,
-                      allow_empty_first_page: bool = True) -> Paginator:
+    def get_paginator(
+        self, request: HttpRequest, queryset: Any, per_page: int, orphans: int = 0, allow_empty_first_page: bool = True
+    ) -> Paginator:
         return PageAnnotatedPaginator(
-            queryset, per_page, lambda qs: self.page_rows(qs, request), orphans=orphans,
+            queryset,
+            per_page,
+            lambda qs: self.page_rows(qs, request),
+            orphans=orphans,
             allow_empty_first_page=allow_empty_first_page,
         )
 
@@ -235,7 +239,10 @@ class StatusFilter(admin.SimpleListFilter):
 
 class MarkFailedForm(forms.Form):
     reason = forms.CharField(
-        min_length=3, max_length=500, strip=True, widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        min_length=3,
+        max_length=500,
+        strip=True,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
         help_text="Recorded as the run's error and in the session's audit timeline.",
     )
 
@@ -248,9 +255,9 @@ class RecentRunsFormSet(BaseInlineFormSet):
 
     def get_queryset(self) -> Any:
         if not hasattr(self, "_recent"):
-            self._recent = list(super().get_queryset().defer(*RUN_HEAVY_FIELDS).order_by("-queue_seq", "-id")[
-                :RUNS_SHOWN
-            ])
+            self._recent = list(
+                super().get_queryset().defer(*RUN_HEAVY_FIELDS).order_by("-queue_seq", "-id")[:RUNS_SHOWN]
+            )
         return self._recent
 
 
@@ -264,8 +271,17 @@ class RunInline(admin.TabularInline):
     show_change_link = True
     verbose_name_plural = f"runs (newest {RUNS_SHOWN})"
     fields = readonly_fields = (
-        "run_id", "state", "queue_seq", "owner_process", "created_at", "dispatched_at", "ended_at",
-        "run_duration", "error_kind", "stop_reason", "short_error",
+        "run_id",
+        "state",
+        "queue_seq",
+        "owner_process",
+        "created_at",
+        "dispatched_at",
+        "ended_at",
+        "run_duration",
+        "error_kind",
+        "stop_reason",
+        "short_error",
     )
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
@@ -292,8 +308,16 @@ class RunInline(admin.TabularInline):
 @admin.register(ChatSession)
 class ChatSessionAdmin(RowAnnotationsMixin, admin.ModelAdmin):
     list_display = (
-        "key", "owner_name", "agent_id", "status_badge", "last_run_key", "started_at", "ended_at", "runtime",
-        "last_error", "updated_at",
+        "key",
+        "owner_name",
+        "agent_id",
+        "status_badge",
+        "last_run_key",
+        "started_at",
+        "ended_at",
+        "runtime",
+        "last_error",
+        "updated_at",
     )
     list_display_links = ("key",)
     list_filter = (StatusFilter, StuckFilter, FailedRecentlyFilter)
@@ -306,16 +330,33 @@ class ChatSessionAdmin(RowAnnotationsMixin, admin.ModelAdmin):
     actions = ("abort_runs", "mark_failed", "reset_sessions", "delete_selected")
     fieldsets = (
         (None, {"fields": ("key", "owner", "agent_id", "label", "session_id", "status_badge", "version")}),
-        ("Last run", {"fields": ("last_run_link", "started_at", "ended_at", "runtime", "aborted_last_run",
-                                 "last_run_error")}),
+        (
+            "Last run",
+            {"fields": ("last_run_link", "started_at", "ended_at", "runtime", "aborted_last_run", "last_run_error")},
+        ),
         ("Now", {"fields": ("active_run_link", "queued_runs", "all_runs_link")}),
         ("Lifecycle audit", {"fields": ("timeline",)}),
         ("Times", {"fields": ("created_at", "updated_at")}),
     )
     readonly_fields = (
-        "key", "owner", "agent_id", "session_id", "status_badge", "version", "last_run_link", "started_at",
-        "ended_at", "runtime", "aborted_last_run", "last_run_error", "active_run_link", "queued_runs",
-        "all_runs_link", "timeline", "created_at", "updated_at",
+        "key",
+        "owner",
+        "agent_id",
+        "session_id",
+        "status_badge",
+        "version",
+        "last_run_link",
+        "started_at",
+        "ended_at",
+        "runtime",
+        "aborted_last_run",
+        "last_run_error",
+        "active_run_link",
+        "queued_runs",
+        "all_runs_link",
+        "timeline",
+        "created_at",
+        "updated_at",
     )
 
     def annotate_rows(self, queryset: QuerySet[Any], request: HttpRequest) -> QuerySet[Any]:
@@ -331,9 +372,7 @@ class ChatSessionAdmin(RowAnnotationsMixin, admin.ModelAdmin):
         """The stuck badge uses THE stuck definition (ops_selectors), for just these rows: one query."""
         ids = [row.pk for row in rows]
         stuck = ops_selectors.stuck_session_ids(_live_ids(request), among=ids)
-        queued = set(
-            Run.objects.filter(session_id__in=ids, state=RunState.QUEUED).values_list("session_id", flat=True)
-        )
+        queued = set(Run.objects.filter(session_id__in=ids, state=RunState.QUEUED).values_list("session_id", flat=True))
         for row in rows:
             row.is_stuck = row.pk in stuck
             row.has_queued = row.pk in queued
@@ -372,11 +411,14 @@ class ChatSessionAdmin(RowAnnotationsMixin, admin.ModelAdmin):
         }
         return super().changelist_view(request, extra_context=extra)
 
-    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
-                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
         extra = {
             "agentgate_session_actions": [
-                ("abort_runs", "Abort runs"), ("mark_failed", "Mark failed…"), ("reset_sessions", "Reset"),
+                ("abort_runs", "Abort runs"),
+                ("mark_failed", "Mark failed…"),
+                ("reset_sessions", "Reset"),
             ],
             **(extra_context or {}),
         }
@@ -435,14 +477,18 @@ class ChatSessionAdmin(RowAnnotationsMixin, admin.ModelAdmin):
         live = obj.active_owner in live_process_ids()
         where = obj.active_owner or "unowned"
         return format_html(
-            "{} on {} ({}), since {}", self._run_link(obj.active_run_id, obj.active_run_run_id), where,
-            "alive" if live else "NOT alive", obj.active_since,
+            "{} on {} ({}), since {}",
+            self._run_link(obj.active_run_id, obj.active_run_run_id),
+            where,
+            "alive" if live else "NOT alive",
+            obj.active_since,
         )
 
     @admin.display(description="queued runs")
     def queued_runs(self, obj: Any) -> str:
         ids = list(
-            Run.objects.filter(session_id=obj.pk, state=RunState.QUEUED).order_by("queue_seq", "id")
+            Run.objects.filter(session_id=obj.pk, state=RunState.QUEUED)
+            .order_by("queue_seq", "id")
             .values_list("run_id", flat=True)[:20]
         )
         return ", ".join(ids) or "-"
@@ -455,9 +501,10 @@ class ChatSessionAdmin(RowAnnotationsMixin, admin.ModelAdmin):
     @admin.display(description="timeline (newest first)")
     def timeline(self, obj: Any) -> str:
         events = list(
-            LifecycleEvent.objects.filter(session_id=obj.pk).select_related("run").only(
-                "created_at", "actor", "reason", "from_state", "to_state", "detail", "run__run_id"
-            ).order_by("-id")[:TIMELINE_SHOWN]
+            LifecycleEvent.objects.filter(session_id=obj.pk)
+            .select_related("run")
+            .only("created_at", "actor", "reason", "from_state", "to_state", "detail", "run__run_id")
+            .order_by("-id")[:TIMELINE_SHOWN]
         )
         if not events:
             return "no audit rows"
@@ -466,8 +513,12 @@ class ChatSessionAdmin(RowAnnotationsMixin, admin.ModelAdmin):
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{} → {}</td><td>{}</td></tr>",
             (
                 (
-                    timezone.localtime(e.created_at).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3], e.actor, e.reason,
-                    e.run.run_id if e.run else "", e.from_state or "·", e.to_state or "·",
+                    timezone.localtime(e.created_at).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3],
+                    e.actor,
+                    e.reason,
+                    e.run.run_id if e.run else "",
+                    e.from_state or "·",
+                    e.to_state or "·",
                     Truncator(e.detail).chars(200),
                 )
                 for e in events
@@ -496,8 +547,9 @@ class ChatSessionAdmin(RowAnnotationsMixin, admin.ModelAdmin):
             except ChatSession.DoesNotExist:
                 continue  # deleted meanwhile
 
-    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> tuple[list[Any], dict[str, int], set[str],
-                                                                             list[Any]]:
+    def get_deleted_objects(
+        self, objs: Any, request: HttpRequest
+    ) -> tuple[list[Any], dict[str, int], set[str], list[Any]]:
         """A summary with counts instead of every run, message and audit row listed."""
         pks = [o.pk for o in objs]
         shown = [str(o) for o in list(objs)[:50]]
@@ -521,8 +573,13 @@ class ChatSessionAdmin(RowAnnotationsMixin, admin.ModelAdmin):
 
     @admin.action(description="Abort active and queued runs", permissions=["change"])
     def abort_runs(self, request: HttpRequest, queryset: QuerySet[ChatSession]) -> HttpResponse | None:
-        if _too_many(self, request, queryset, "end dead-process runs with `manage.py recover_runs` and repair "
-                     "the rest with `manage.py gateway_doctor --fix`."):
+        if _too_many(
+            self,
+            request,
+            queryset,
+            "end dead-process runs with `manage.py recover_runs` and repair "
+            "the rest with `manage.py gateway_doctor --fix`.",
+        ):
             return None
         busy = queryset.filter(
             Q(active_run__isnull=False) | Q(pk__in=Run.objects.filter(state=RunState.QUEUED).values("session_id"))
@@ -605,8 +662,19 @@ class ErrorKindFilter(admin.SimpleListFilter):
 @admin.register(Run)
 class RunAdmin(RowAnnotationsMixin, admin.ModelAdmin):
     list_display = (
-        "run_id", "session_link", "owner_name", "state", "owner_process", "created_at", "dispatched_at",
-        "ended_at", "duration", "error_kind", "stop_reason", "prompt_tokens", "completion_tokens",
+        "run_id",
+        "session_link",
+        "owner_name",
+        "state",
+        "owner_process",
+        "created_at",
+        "dispatched_at",
+        "ended_at",
+        "duration",
+        "error_kind",
+        "stop_reason",
+        "prompt_tokens",
+        "completion_tokens",
     )
     list_filter = ("state", ErrorKindFilter)
     search_fields = ("=run_id",)  # enables the search box; the lookup itself is below
@@ -616,10 +684,30 @@ class RunAdmin(RowAnnotationsMixin, admin.ModelAdmin):
     show_full_result_count = False  # a second COUNT over a million runs buys nothing
     actions = ("abort_selected",)
     readonly_fields = (
-        "session_link", "run_id", "session_generation", "state", "queue_mode", "queue_seq", "message", "reply",
-        "attachments_summary", "stream_seq", "error_kind", "error_message", "stop_reason", "timeout_ms",
-        "owner_process", "created_by", "prompt_tokens", "completion_tokens", "cancel_ms", "created_at",
-        "dispatched_at", "started_at", "ended_at", "duration",
+        "session_link",
+        "run_id",
+        "session_generation",
+        "state",
+        "queue_mode",
+        "queue_seq",
+        "message",
+        "reply",
+        "attachments_summary",
+        "stream_seq",
+        "error_kind",
+        "error_message",
+        "stop_reason",
+        "timeout_ms",
+        "owner_process",
+        "created_by",
+        "prompt_tokens",
+        "completion_tokens",
+        "cancel_ms",
+        "created_at",
+        "dispatched_at",
+        "started_at",
+        "ended_at",
+        "duration",
     )
     fields = readonly_fields
 
@@ -630,7 +718,8 @@ class RunAdmin(RowAnnotationsMixin, admin.ModelAdmin):
 
     def annotate_rows(self, queryset: QuerySet[Any], request: HttpRequest) -> QuerySet[Any]:
         qs = queryset.annotate(
-            session_key=F("session__key"), owner_username=F("session__owner__username"),
+            session_key=F("session__key"),
+            owner_username=F("session__owner__username"),
             session_owner_id=F("session__owner_id"),
         )
         match = request.resolver_match
@@ -648,8 +737,9 @@ class RunAdmin(RowAnnotationsMixin, admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
-                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
         extra = {"show_save": False, "show_save_and_continue": False, **(extra_context or {})}
         return super().change_view(request, object_id, form_url, extra)
 
@@ -681,8 +771,12 @@ class RunAdmin(RowAnnotationsMixin, admin.ModelAdmin):
         aborted: list[str] = []
         for run in self.annotate_rows(queryset, request).filter(state__in=(RunState.QUEUED, *ACTIVE_STATES)):
             outcome = session_services.abort(
-                owner_id=run.session_owner_id, key=run.session_key, run_id=run.run_id, owner_process="",
-                stop_reason="operator", actor=Actor.OPERATOR,
+                owner_id=run.session_owner_id,
+                key=run.session_key,
+                run_id=run.run_id,
+                owner_process="",
+                stop_reason="operator",
+                actor=Actor.OPERATOR,
             )
             if outcome.aborted:
                 aborted += outcome.run_ids

@@ -26,7 +26,7 @@ from .recovery import INTERRUPTED_MESSAGE
 CHECKS: dict[str, str] = {
     "dead_process_run": "an active run is owned by a process that stopped heartbeating",
     "unclaimed_run": "an active run has no owner process and no live process claimed it (within "
-                     "GATEWAY_RECOVERY_SECONDS, or none is running)",
+    "GATEWAY_RECOVERY_SECONDS, or none is running)",
     "overdue_run": "an active run outlived its own timeoutMs (plus GATEWAY_RECOVERY_SECONDS)",
     "long_running_run": "an active run has been running longer than GATEWAY_STUCK_RUN_SECONDS (within its budget)",
     "stale_generation_run": "a queued or active run belongs to an older sessionId than the session's",
@@ -52,8 +52,13 @@ class Finding:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "kind": self.kind, "sessionPk": self.session_pk, "sessionKey": self.session_key, "owner": self.owner,
-            "runPk": self.run_pk, "runId": self.run_id, "detail": self.detail,
+            "kind": self.kind,
+            "sessionPk": self.session_pk,
+            "sessionKey": self.session_key,
+            "owner": self.owner,
+            "runPk": self.run_pk,
+            "runId": self.run_id,
+            "detail": self.detail,
         }
 
 
@@ -68,8 +73,18 @@ class Repair:
 
 
 _OPEN_RUN_FIELDS = (
-    "pk", "run_id", "state", "session_id", "session_generation", "owner_process", "dispatched_at", "timeout_ms",
-    "session__active_run_id", "session__session_id", "session__key", "session__owner__username",
+    "pk",
+    "run_id",
+    "state",
+    "session_id",
+    "session_generation",
+    "owner_process",
+    "dispatched_at",
+    "timeout_ms",
+    "session__active_run_id",
+    "session__session_id",
+    "session__key",
+    "session__owner__username",
 )
 
 
@@ -85,12 +100,14 @@ def check(*, now: Any = None) -> list[Finding]:
 
     for run in Run.objects.filter(state__in=OPEN_STATES).values(*_OPEN_RUN_FIELDS).iterator(chunk_size=2000):
         base = {
-            "session_pk": run["session_id"], "session_key": run["session__key"],
-            "owner": run["session__owner__username"], "run_pk": run["pk"], "run_id": run["run_id"],
+            "session_pk": run["session_id"],
+            "session_key": run["session__key"],
+            "owner": run["session__owner__username"],
+            "run_pk": run["pk"],
+            "run_id": run["run_id"],
         }
         if run["session_generation"] != run["session__session_id"]:
-            findings.append(Finding("stale_generation_run", detail=f"{run['state']} run of an older sessionId",
-                                    **base))
+            findings.append(Finding("stale_generation_run", detail=f"{run['state']} run of an older sessionId", **base))
             continue
         if run["state"] == RunState.QUEUED:
             queued_sessions.setdefault(run["session_id"], base)
@@ -107,13 +124,17 @@ def check(*, now: Any = None) -> list[Finding]:
             continue
         if started is not None and started + timedelta(milliseconds=run["timeout_ms"]) + grace < now:
             age = int((now - started).total_seconds())
-            findings.append(Finding("overdue_run", detail=f"active for {age}s, budget {run['timeout_ms']} ms",
-                                    **base))
+            findings.append(Finding("overdue_run", detail=f"active for {age}s, budget {run['timeout_ms']} ms", **base))
             continue
         if started is not None and started < stuck_before:
             age = int((now - started).total_seconds())
-            findings.append(Finding("long_running_run", detail=f"active for {age}s (stuck threshold "
-                                    f"{settings.GATEWAY_STUCK_RUN_SECONDS}s)", **base))
+            findings.append(
+                Finding(
+                    "long_running_run",
+                    detail=f"active for {age}s (stuck threshold {settings.GATEWAY_STUCK_RUN_SECONDS}s)",
+                    **base,
+                )
+            )
             continue
         if run["session__active_run_id"] != run["pk"]:
             findings.append(Finding("stray_active_run", detail="not the session's active run", **base))
@@ -163,22 +184,52 @@ def _repair_row(finding: Finding) -> bool:
 FIXERS: dict[str, tuple[str, Callable[[Finding], bool]]] = {
     "dead_process_run": ("end the run as failed (interrupted)", lambda f: _interrupt(f)),
     "unclaimed_run": ("end the run as failed (interrupted)", lambda f: _interrupt(f)),
-    "long_running_run": ("end the run as timeout", lambda f: _end_run(
-        f, RunState.TIMEOUT, error_kind="timeout", stop_reason="timeout", reason="run.timeout",
-        error_message="run exceeded GATEWAY_STUCK_RUN_SECONDS; ended by gateway_doctor", actor=Actor.OPERATOR)),
-    "overdue_run": ("end the run as timeout", lambda f: _end_run(
-        f, RunState.TIMEOUT, error_kind="timeout", stop_reason="timeout", reason="run.timeout",
-        error_message="run outlived its budget; ended by gateway_doctor", actor=Actor.OPERATOR)),
-    "stale_generation_run": ("abort the run (stopReason reset)", lambda f: _end_run(
-        f, RunState.KILLED, stop_reason="reset", reason="run.aborted", actor=Actor.OPERATOR)),
-    "stray_active_run": ("end the run as failed", lambda f: _end_run(
-        f, RunState.FAILED, error_kind="unknown", reason="operator", actor=Actor.OPERATOR,
-        error_message="ended by gateway_doctor: not its session's active run")),
+    "long_running_run": (
+        "end the run as timeout",
+        lambda f: _end_run(
+            f,
+            RunState.TIMEOUT,
+            error_kind="timeout",
+            stop_reason="timeout",
+            reason="run.timeout",
+            error_message="run exceeded GATEWAY_STUCK_RUN_SECONDS; ended by gateway_doctor",
+            actor=Actor.OPERATOR,
+        ),
+    ),
+    "overdue_run": (
+        "end the run as timeout",
+        lambda f: _end_run(
+            f,
+            RunState.TIMEOUT,
+            error_kind="timeout",
+            stop_reason="timeout",
+            reason="run.timeout",
+            error_message="run outlived its budget; ended by gateway_doctor",
+            actor=Actor.OPERATOR,
+        ),
+    ),
+    "stale_generation_run": (
+        "abort the run (stopReason reset)",
+        lambda f: _end_run(f, RunState.KILLED, stop_reason="reset", reason="run.aborted", actor=Actor.OPERATOR),
+    ),
+    "stray_active_run": (
+        "end the run as failed",
+        lambda f: _end_run(
+            f,
+            RunState.FAILED,
+            error_kind="unknown",
+            reason="operator",
+            actor=Actor.OPERATOR,
+            error_message="ended by gateway_doctor: not its session's active run",
+        ),
+    ),
     "active_run_not_active": ("repair the session row", _repair_row),
     "running_without_active_run": ("repair the session row", _repair_row),
     "active_without_running_status": ("repair the session row", _repair_row),
-    "queued_without_active_run": ("start the next queued run", lambda f: bool(
-        operators.start_next(f.session_pk, actor=Actor.OPERATOR))),
+    "queued_without_active_run": (
+        "start the next queued run",
+        lambda f: bool(operators.start_next(f.session_pk, actor=Actor.OPERATOR)),
+    ),
 }
 
 
@@ -216,8 +267,12 @@ class DoctorReport:
         }
 
 
-def run(*, fix_findings: bool = False, dry_run: bool = False,
-        progress_factory: Callable[[int], Callable[[int], None] | None] | None = None) -> DoctorReport:
+def run(
+    *,
+    fix_findings: bool = False,
+    dry_run: bool = False,
+    progress_factory: Callable[[int], Callable[[int], None] | None] | None = None,
+) -> DoctorReport:
     """Check; with `fix_findings`, repair and check again (a repair can reveal the next step)."""
     findings = check()
     if not fix_findings or not findings:
@@ -240,4 +295,3 @@ def summary(findings: Iterable[Finding]) -> dict[str, int]:
     for f in findings:
         counts[f.kind] = counts.get(f.kind, 0) + 1
     return counts
-

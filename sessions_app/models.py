@@ -51,9 +51,7 @@ class ChatSession(models.Model):
     label = models.CharField(max_length=200, blank=True, default="")
     # NULL is meaningful: the protocol's `status: null` means "never ran".
     status = models.CharField(max_length=16, choices=SessionStatus.choices, null=True, blank=True)  # noqa: DJ001
-    active_run = models.OneToOneField(
-        "Run", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
+    active_run = models.OneToOneField("Run", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     last_run = models.ForeignKey("Run", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     started_at = models.DateTimeField(null=True, blank=True)
     ended_at = models.DateTimeField(null=True, blank=True)

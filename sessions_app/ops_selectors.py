@@ -66,9 +66,7 @@ def _stuck_branches(live: set[str], among: list[int] | None) -> list[QuerySet[An
         ChatSession.objects.filter(active_run__gt=0).exclude(active_run__state__in=ACTIVE_STATES).values("pk"),
     ]
     if among is not None:
-        branches = [
-            b.filter(session_id__in=among) if b.model is Run else b.filter(pk__in=among) for b in branches
-        ]
+        branches = [b.filter(session_id__in=among) if b.model is Run else b.filter(pk__in=among) for b in branches]
     return branches
 
 
@@ -108,8 +106,9 @@ def failed_sessions(since: datetime | None = None) -> QuerySet[ChatSession]:
 
 def running_sessions() -> QuerySet[ChatSession]:
     """Sessions with an active run (driven by the active runs, not a scan of the sessions)."""
-    return ChatSession.objects.filter(pk__in=Run.objects.filter(state__in=ACTIVE_STATES).values("session_id"),
-                                      active_run__isnull=False)
+    return ChatSession.objects.filter(
+        pk__in=Run.objects.filter(state__in=ACTIVE_STATES).values("session_id"), active_run__isnull=False
+    )
 
 
 @dataclass

@@ -15,8 +15,13 @@ from .models import GatewayProcess, Run, RunState
 def register(server_id: str) -> None:
     GatewayProcess.objects.update_or_create(
         server_id=server_id,
-        defaults={"hostname": socket.gethostname(), "pid": os.getpid(), "heartbeat_at": timezone.now(),
-                  "stopping": False, "stopped_at": None},
+        defaults={
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "heartbeat_at": timezone.now(),
+            "stopping": False,
+            "stopped_at": None,
+        },
     )
 
 

@@ -23,13 +23,27 @@ def _who(actor: str) -> dict[str, Any]:
 
 @receiver(run_transitioned, dispatch_uid="sessions_app-audit-run")
 def record_run_transition(
-    sender: Any, run: Run, session: ChatSession, from_state: str, to_state: str, reason: str, actor: str,
+    sender: Any,
+    run: Run,
+    session: ChatSession,
+    from_state: str,
+    to_state: str,
+    reason: str,
+    actor: str,
     **kwargs: Any,
 ) -> None:
-    queries.insert(LifecycleEvent(
-        session=session, run=run, from_state=from_state, to_state=to_state, reason=reason, actor=actor,
-        detail=run.error_message if to_state in TERMINAL_STATES else "", **_who(actor),
-    ))
+    queries.insert(
+        LifecycleEvent(
+            session=session,
+            run=run,
+            from_state=from_state,
+            to_state=to_state,
+            reason=reason,
+            actor=actor,
+            detail=run.error_message if to_state in TERMINAL_STATES else "",
+            **_who(actor),
+        )
+    )
 
 
 @receiver(session_changed, dispatch_uid="sessions_app-audit-session")
@@ -46,11 +60,20 @@ def record_tombstone(sender: Any, instance: ChatSession, **kwargs: Any) -> None:
     operator = audit.current_operator()
     reason = audit.deletion_reason()
     SessionTombstone.objects.create(
-        session_pk=instance.pk, key=instance.key, owner_id=instance.owner_id, session_id=instance.session_id,
-        reason=reason, actor_name=(operator.name if operator else "")[:150],
-        actor_user_id=operator.user_id if operator else None, last_updated_at=instance.updated_at,
+        session_pk=instance.pk,
+        key=instance.key,
+        owner_id=instance.owner_id,
+        session_id=instance.session_id,
+        reason=reason,
+        actor_name=(operator.name if operator else "")[:150],
+        actor_user_id=operator.user_id if operator else None,
+        last_updated_at=instance.updated_at,
     )
     audit.log.info(
-        "session %s deleted (%s) key=%s owner=%s by=%s", instance.pk, reason, instance.key, instance.owner_id,
+        "session %s deleted (%s) key=%s owner=%s by=%s",
+        instance.pk,
+        reason,
+        instance.key,
+        instance.owner_id,
         operator.name if operator else "-",
     )

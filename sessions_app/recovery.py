@@ -44,8 +44,7 @@ class RecoverResult:
     ended: int = 0
 
     def as_dict(self) -> dict[str, Any]:
-        return {"dryRun": self.dry_run, "deadProcesses": self.dead_processes, "runs": self.runs,
-                "ended": self.ended}
+        return {"dryRun": self.dry_run, "deadProcesses": self.dead_processes, "runs": self.runs, "ended": self.ended}
 
 
 def plan(exclude: str = "") -> RecoverResult:
@@ -55,8 +54,14 @@ def plan(exclude: str = "") -> RecoverResult:
         return result
     rows = Run.objects.filter(state__in=ACTIVE_STATES, owner_process__in=result.dead_processes).order_by("pk")
     result.runs = [
-        {"runPk": r["pk"], "runId": r["run_id"], "state": r["state"], "ownerProcess": r["owner_process"],
-         "sessionKey": r["session__key"], "owner": r["session__owner__username"]}
+        {
+            "runPk": r["pk"],
+            "runId": r["run_id"],
+            "state": r["state"],
+            "ownerProcess": r["owner_process"],
+            "sessionKey": r["session__key"],
+            "owner": r["session__owner__username"],
+        }
         for r in rows.values("pk", "run_id", "state", "owner_process", "session__key", "session__owner__username")
     ]
     return result

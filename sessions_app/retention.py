@@ -34,8 +34,13 @@ class PruneResult:
 
     def as_dict(self) -> dict[str, object]:
         return {
-            "cutoff": self.cutoff.isoformat(), "dryRun": self.dry_run, "sessions": self.sessions,
-            "runs": self.runs, "messages": self.messages, "audit": self.audit, "skipped": self.skipped,
+            "cutoff": self.cutoff.isoformat(),
+            "dryRun": self.dry_run,
+            "sessions": self.sessions,
+            "runs": self.runs,
+            "messages": self.messages,
+            "audit": self.audit,
+            "skipped": self.skipped,
             "sampleKeys": self.keys,
         }
 

@@ -68,8 +68,10 @@ class _Inserter:
         params = []
         for row in rows:
             params.append(
-                [row[n] if prep is None or row[n] is None else prep(row[n])
-                 for n, prep in zip(self.names, self.preps, strict=True)]
+                [
+                    row[n] if prep is None or row[n] is None else prep(row[n])
+                    for n, prep in zip(self.names, self.preps, strict=True)
+                ]
             )
         if params:
             with connection.cursor() as cursor:
@@ -85,17 +87,58 @@ def _db_prep_save(field: Any) -> Callable[[Any], Any]:
 
 
 SESSION_COLUMNS = (
-    "id", "owner", "key", "agent_id", "session_id", "label", "status", "active_run", "last_run", "started_at",
-    "ended_at", "aborted_last_run", "last_run_error", "version", "created_at", "updated_at",
+    "id",
+    "owner",
+    "key",
+    "agent_id",
+    "session_id",
+    "label",
+    "status",
+    "active_run",
+    "last_run",
+    "started_at",
+    "ended_at",
+    "aborted_last_run",
+    "last_run_error",
+    "version",
+    "created_at",
+    "updated_at",
 )
 RUN_COLUMNS = (
-    "id", "session", "run_id", "session_generation", "state", "queue_mode", "queue_seq", "message", "body_hash",
-    "attachments", "reply", "stream_seq", "error_kind", "error_message", "stop_reason", "timeout_ms",
-    "owner_process", "created_by", "created_at", "dispatched_at", "started_at", "ended_at",
+    "id",
+    "session",
+    "run_id",
+    "session_generation",
+    "state",
+    "queue_mode",
+    "queue_seq",
+    "message",
+    "body_hash",
+    "attachments",
+    "reply",
+    "stream_seq",
+    "error_kind",
+    "error_message",
+    "stop_reason",
+    "timeout_ms",
+    "owner_process",
+    "created_by",
+    "created_at",
+    "dispatched_at",
+    "started_at",
+    "ended_at",
 )
 MESSAGE_COLUMNS = ("session", "session_generation", "role", "text", "run", "aborted", "created_at")
 AUDIT_COLUMNS = (
-    "session", "run", "from_state", "to_state", "reason", "actor", "detail", "actor_user_id", "actor_name",
+    "session",
+    "run",
+    "from_state",
+    "to_state",
+    "reason",
+    "actor",
+    "detail",
+    "actor_user_id",
+    "actor_name",
     "created_at",
 )
 
@@ -194,30 +237,70 @@ def seed_demo_data(
                 ended = None if state == RunState.RUNNING else started + timedelta(seconds=rng.uniform(0.5, 60))
                 reply = "" if state in (RunState.FAILED, RunState.RUNNING) else f"echo: seeded message {j}"
                 row = {
-                    "id": run_pk, "session": session_pk, "run_id": f"seed-{tag}-{i}-{j}",
-                    "session_generation": generation, "state": state, "queue_mode": "followup",
-                    "queue_seq": j + 1, "message": f"seeded message {j}", "body_hash": body_hash,
-                    "attachments": [], "reply": reply, "stream_seq": 3 if ended else 2,
+                    "id": run_pk,
+                    "session": session_pk,
+                    "run_id": f"seed-{tag}-{i}-{j}",
+                    "session_generation": generation,
+                    "state": state,
+                    "queue_mode": "followup",
+                    "queue_seq": j + 1,
+                    "message": f"seeded message {j}",
+                    "body_hash": body_hash,
+                    "attachments": [],
+                    "reply": reply,
+                    "stream_seq": 3 if ended else 2,
                     "error_kind": ERROR_KIND.get(state, ""),
-                    "error_message": "seeded backend failure" if state == RunState.FAILED else (
-                        "seeded timeout" if state == RunState.TIMEOUT else ""),
-                    "stop_reason": STOP_REASON.get(state, ""), "timeout_ms": 600_000,
+                    "error_message": "seeded backend failure"
+                    if state == RunState.FAILED
+                    else ("seeded timeout" if state == RunState.TIMEOUT else ""),
+                    "stop_reason": STOP_REASON.get(state, ""),
+                    "timeout_ms": 600_000,
                     "owner_process": DEAD_PROCESS if state == RunState.RUNNING else f"seed-{tag}",
-                    "created_by": owner, "created_at": started, "dispatched_at": started,
-                    "started_at": started, "ended_at": ended,
+                    "created_by": owner,
+                    "created_at": started,
+                    "dispatched_at": started,
+                    "started_at": started,
+                    "ended_at": ended,
                 }
                 r_rows.append(row)
                 if transcripts:
-                    m_rows.append({"session": session_pk, "session_generation": generation, "role": "user",
-                                   "text": row["message"], "run": run_pk, "aborted": False, "created_at": started})
+                    m_rows.append(
+                        {
+                            "session": session_pk,
+                            "session_generation": generation,
+                            "role": "user",
+                            "text": row["message"],
+                            "run": run_pk,
+                            "aborted": False,
+                            "created_at": started,
+                        }
+                    )
                     if ended is not None and reply:
-                        m_rows.append({"session": session_pk, "session_generation": generation,
-                                       "role": "assistant", "text": reply, "run": run_pk,
-                                       "aborted": state != RunState.DONE, "created_at": ended})
-                    a_rows.append({"session": session_pk, "run": run_pk, "from_state": "running",
-                                   "to_state": state, "reason": "seed", "actor": "system",
-                                   "detail": row["error_message"], "actor_user_id": None, "actor_name": "",
-                                   "created_at": ended or started})
+                        m_rows.append(
+                            {
+                                "session": session_pk,
+                                "session_generation": generation,
+                                "role": "assistant",
+                                "text": reply,
+                                "run": run_pk,
+                                "aborted": state != RunState.DONE,
+                                "created_at": ended,
+                            }
+                        )
+                    a_rows.append(
+                        {
+                            "session": session_pk,
+                            "run": run_pk,
+                            "from_state": "running",
+                            "to_state": state,
+                            "reason": "seed",
+                            "actor": "system",
+                            "detail": row["error_message"],
+                            "actor_user_id": None,
+                            "actor_name": "",
+                            "created_at": ended or started,
+                        }
+                    )
                 last = row
                 run_pk += 1
             if last is None:
@@ -228,15 +311,26 @@ def seed_demo_data(
                 error = last["error_message"] if last["state"] in (RunState.FAILED, RunState.TIMEOUT) else ""
             if is_stuck:
                 result.stuck += 1
-            s_rows.append({
-                "id": session_pk, "owner": owner, "key": f"agent:main:seed-{tag}-{i}", "agent_id": "main",
-                "session_id": generation, "label": f"Seeded session {i}", "status": status,
-                "active_run": last["id"] if is_stuck and last else None,
-                "last_run": last["id"] if last else None, "started_at": started_at, "ended_at": ended_at,
-                "aborted_last_run": bool(last and last["state"] == RunState.KILLED), "last_run_error": error,
-                "version": 1 + 3 * n_runs, "created_at": created,
-                "updated_at": (ended_at or started_at or created),
-            })
+            s_rows.append(
+                {
+                    "id": session_pk,
+                    "owner": owner,
+                    "key": f"agent:main:seed-{tag}-{i}",
+                    "agent_id": "main",
+                    "session_id": generation,
+                    "label": f"Seeded session {i}",
+                    "status": status,
+                    "active_run": last["id"] if is_stuck and last else None,
+                    "last_run": last["id"] if last else None,
+                    "started_at": started_at,
+                    "ended_at": ended_at,
+                    "aborted_last_run": bool(last and last["state"] == RunState.KILLED),
+                    "last_run_error": error,
+                    "version": 1 + 3 * n_runs,
+                    "created_at": created,
+                    "updated_at": (ended_at or started_at or created),
+                }
+            )
             session_pk += 1
         # Sessions and runs point at each other; the foreign keys are checked at commit.
         with transaction.atomic():

@@ -101,7 +101,9 @@ def transcript(session: ChatSession, *, limit: int = 200, before_id: int | None 
     runs = {r.pk: r for r in Run.objects.filter(pk__in=run_pks).only(*fields)}
     open_runs = list(Run.objects.filter(session=session, state__in=OPEN_STATES).order_by("queue_seq", "id"))
     return Transcript(
-        messages=msgs, has_more=len(newest_first) > limit, runs=runs,
+        messages=msgs,
+        has_more=len(newest_first) > limit,
+        runs=runs,
         active=next((r for r in open_runs if r.state in ACTIVE_STATES), None),
         queued=[r for r in open_runs if r.state == RunState.QUEUED],
     )
@@ -109,8 +111,7 @@ def transcript(session: ChatSession, *, limit: int = 200, before_id: int | None 
 
 def find_run(owner_id: int, key: str, run_id: str) -> Run | None:
     """The run of an owner's session key by its idempotency key, with its session (one statement)."""
-    return queries.run("s.owner_id = %s AND s.key = %s AND r.run_id = %s", [owner_id, key, run_id],
-                       with_session=True)
+    return queries.run("s.owner_id = %s AND s.key = %s AND r.run_id = %s", [owner_id, key, run_id], with_session=True)
 
 
 def get_run(pk: int) -> Run | None:

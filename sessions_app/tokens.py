@@ -36,11 +36,7 @@ def authenticate_token(raw: str | None) -> AbstractBaseUser | None:
     """The active user owning this unrevoked token, or None (same answer for wrong and missing)."""
     if not raw or not isinstance(raw, str) or len(raw) > 200:
         return None
-    token = (
-        ApiToken.objects.select_related("user")
-        .filter(token_hash=hash_token(raw), revoked_at__isnull=True)
-        .first()
-    )
+    token = ApiToken.objects.select_related("user").filter(token_hash=hash_token(raw), revoked_at__isnull=True).first()
     if token is None or not token.user.is_active:
         return None
     ApiToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())

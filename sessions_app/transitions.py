@@ -16,4 +16,3 @@ for _terminal in TERMINAL_STATES:
 def sources_for(target: str) -> list[str]:
     """Return the states from which `target` may be entered."""
     return [src for src, targets in ALLOWED.items() if target in targets]
-

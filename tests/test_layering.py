@@ -42,9 +42,7 @@ def _function_imports(tree: ast.Module) -> list[ast.stmt]:
     return found
 
 
-@pytest.mark.parametrize(
-    "path", [p for pkg in PACKAGES for p in _modules(pkg)], ids=lambda p: str(p.relative_to(ROOT))
-)
+@pytest.mark.parametrize("path", [p for pkg in PACKAGES for p in _modules(pkg)], ids=lambda p: str(p.relative_to(ROOT)))
 def test_function_local_imports_say_why(path: Path) -> None:
     source = path.read_text()
     lines = source.splitlines()

@@ -171,7 +171,10 @@ class RunExecutor:
             await self.finish(run_pk, RunState.DONE, reply=text, stop_reason=ctx.stop_reason, usage=ctx.usage)
         except DispatchError as exc:
             await self.finish(
-                run_pk, RunState.FAILED, error_kind="dispatch", error_message=str(exc) or "dispatch failed",
+                run_pk,
+                RunState.FAILED,
+                error_kind="dispatch",
+                error_message=str(exc) or "dispatch failed",
                 reason="chat.dispatch-error",
             )
         # Partial text needs no passing on: every delta was stored before it was sent,
@@ -181,13 +184,20 @@ class RunExecutor:
             # way out: how long that took is the run's cancellation time.
             measured = max(0, int((loop.time() - deadline) * 1000))
             await self.finish(
-                run_pk, RunState.TIMEOUT, error_kind="timeout", stop_reason="timeout",
+                run_pk,
+                RunState.TIMEOUT,
+                error_kind="timeout",
+                stop_reason="timeout",
                 error_message=f"run exceeded its budget of {run.timeout_ms} ms (timeoutMs)",
                 cancel_ms=ctx.cancel_ms if ctx.cancel_ms is not None else measured,
             )
         except BackendTimeout as exc:
             await self.finish(
-                run_pk, RunState.TIMEOUT, error_kind="timeout", stop_reason="timeout", error_message=exc.message,
+                run_pk,
+                RunState.TIMEOUT,
+                error_kind="timeout",
+                stop_reason="timeout",
+                error_message=exc.message,
                 cancel_ms=ctx.cancel_ms,
             )
         except BackendError as exc:
@@ -304,8 +314,14 @@ def _transcript(run: Run, window: int) -> list[dict[str, Any]]:
 def _context_for(run: Run, transcript: list[dict[str, Any]]) -> RunContext:
     """The backend's context: the run and its transcript."""
     return RunContext(
-        run_pk=run.pk, run_id=run.run_id, session_key=run.session.key, session_id=str(run.session_generation),
-        agent_id=run.session.agent_id, agent=dict(settings.GATEWAY_AGENTS.get(run.session.agent_id, {})),
-        message=run.message, attachments=list(run.attachments or []), transcript=transcript,
+        run_pk=run.pk,
+        run_id=run.run_id,
+        session_key=run.session.key,
+        session_id=str(run.session_generation),
+        agent_id=run.session.agent_id,
+        agent=dict(settings.GATEWAY_AGENTS.get(run.session.agent_id, {})),
+        message=run.message,
+        attachments=list(run.attachments or []),
+        transcript=transcript,
         timeout_ms=run.timeout_ms,
     )

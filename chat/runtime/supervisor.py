@@ -102,7 +102,10 @@ class Supervisor:
                         executor.submit(pk)
                     else:
                         await executor.finish(
-                            pk, RunState.FAILED, error_kind="interrupted", reason="run.interrupted",
+                            pk,
+                            RunState.FAILED,
+                            error_kind="interrupted",
+                            reason="run.interrupted",
                             error_message="the run lost its worker in this gateway process",
                         )
                 health.ok("reconcile")

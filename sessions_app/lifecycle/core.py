@@ -54,9 +54,7 @@ def _lock_by_key(owner_id: int | None, key: str | None) -> ChatSession | None:
 def lock_session(*, owner_id: int | None = None, key: str | None = None, pk: int | None = None) -> ChatSession:
     """The session, row-locked (with the runIds its row names): by owner and key (clients) or by
     primary key (operators)."""
-    session = (
-        queries.session("s.id = %s", [pk], lock=True) if pk is not None else _lock_by_key(owner_id, key)
-    )
+    session = queries.session("s.id = %s", [pk], lock=True) if pk is not None else _lock_by_key(owner_id, key)
     if session is None:
         raise SessionNotFound()
     return session
@@ -67,8 +65,9 @@ def lock_run(run_pk: int) -> tuple[ChatSession, Run] | None:
 
     Read after the lock, the run's state is current: every state change holds it.
     """
-    session = queries.session(f"s.id = (SELECT session_id FROM {Run._meta.db_table} WHERE id = %s)", [run_pk],
-                              lock=True)
+    session = queries.session(
+        f"s.id = (SELECT session_id FROM {Run._meta.db_table} WHERE id = %s)", [run_pk], lock=True
+    )
     run = queries.run("r.id = %s", [run_pk]) if session is not None else None
     return None if run is None or session is None else (session, run)
 
@@ -144,8 +143,14 @@ def emit_run(
 ) -> None:
     """Announce a run transition; it carries a `chat` event at `run.stream_seq` (already taken)."""
     signals.run_transitioned.send(
-        sender=Run, run=run, session=session, from_state=from_state, to_state=to_state,
-        reason=reason, actor=actor, row_changed=row_changed,
+        sender=Run,
+        run=run,
+        session=session,
+        from_state=from_state,
+        to_state=to_state,
+        reason=reason,
+        actor=actor,
+        row_changed=row_changed,
     )
 
 
@@ -188,8 +193,9 @@ def transition(
         activated = to_state == RunState.DISPATCHING
         if activated:
             _activate(session, run)
-        emit_run(run, session, from_state=from_state, to_state=to_state, reason=reason, actor=actor,
-                 row_changed=activated)
+        emit_run(
+            run, session, from_state=from_state, to_state=to_state, reason=reason, actor=actor, row_changed=activated
+        )
         return True
 
     was_active = from_state in ACTIVE_STATES and session.active_run_id == run.pk
@@ -210,12 +216,17 @@ def transition(
 
     if current_generation and from_state in ACTIVE_STATES and (to_state == RunState.DONE or run.reply):
         # The reply joins the transcript; partial text of an aborted, failed or timed-out run is kept, marked.
-        queries.insert(Message(
-            session=session, session_generation=session.session_id, role="assistant", text=run.reply, run=run,
-            aborted=to_state != RunState.DONE,
-        ))
-    emit_run(run, session, from_state=from_state, to_state=to_state, reason=reason, actor=actor,
-             row_changed=changed)
+        queries.insert(
+            Message(
+                session=session,
+                session_generation=session.session_id,
+                role="assistant",
+                text=run.reply,
+                run=run,
+                aborted=to_state != RunState.DONE,
+            )
+        )
+    emit_run(run, session, from_state=from_state, to_state=to_state, reason=reason, actor=actor, row_changed=changed)
     if was_active and start_next:
         start_next_queued(session, actor=Actor.SYSTEM, owner_process=owner_process)
     return True
@@ -249,18 +260,24 @@ def start_next_queued(session: ChatSession, *, actor: str, owner_process: str) -
     if session.active_run_id is not None:
         return None
     for run in queued_runs(session):
-        if transition(run, RunState.DISPATCHING, session=session, reason="run.started", actor=actor,
-                      owner_process=owner_process):
+        if transition(
+            run, RunState.DISPATCHING, session=session, reason="run.started", actor=actor, owner_process=owner_process
+        ):
             return run
     return None
 
 
-def kill(run: Run, session: ChatSession, *, stop_reason: str, actor: str, owner_process: str,
-         start_next: bool) -> bool:
+def kill(run: Run, session: ChatSession, *, stop_reason: str, actor: str, owner_process: str, start_next: bool) -> bool:
     """Abort one run (stopReason `stop_reason`)."""
     return transition(
-        run, RunState.KILLED, session=session, reason=REASON_FOR_STOP.get(stop_reason, "run.aborted"), actor=actor,
-        owner_process=owner_process, start_next=start_next, stop_reason=stop_reason,
+        run,
+        RunState.KILLED,
+        session=session,
+        reason=REASON_FOR_STOP.get(stop_reason, "run.aborted"),
+        actor=actor,
+        owner_process=owner_process,
+        start_next=start_next,
+        stop_reason=stop_reason,
     )
 
 

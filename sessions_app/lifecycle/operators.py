@@ -13,9 +13,9 @@ from ..models import ACTIVE_STATES, Actor, Run, RunState, SessionStatus
 from .core import OUTCOME_FIELDS, lock_session, row_changed, save_row, start_next_queued, take_outcome, transition
 
 
-def mark_failed(session_pk: int, *, reason_text: str, actor: str = Actor.OPERATOR, owner_process: str = "") -> list[
-    str
-]:
+def mark_failed(
+    session_pk: int, *, reason_text: str, actor: str = Actor.OPERATOR, owner_process: str = ""
+) -> list[str]:
     """End the session's active run as failed, with a recorded reason."""
     with transaction.atomic():
         session = lock_session(pk=session_pk)
@@ -23,8 +23,14 @@ def mark_failed(session_pk: int, *, reason_text: str, actor: str = Actor.OPERATO
             return []
         run = Run.objects.get(pk=session.active_run_id)
         ok = transition(
-            run, RunState.FAILED, session=session, reason="operator", actor=actor, owner_process=owner_process,
-            error_kind="unknown", error_message=f"marked failed by operator: {reason_text}",
+            run,
+            RunState.FAILED,
+            session=session,
+            reason="operator",
+            actor=actor,
+            owner_process=owner_process,
+            error_kind="unknown",
+            error_message=f"marked failed by operator: {reason_text}",
         )
         return [run.run_id] if ok else []
 

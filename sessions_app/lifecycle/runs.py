@@ -67,9 +67,15 @@ def admit_send(req: SendRequest, *, owner_process: str, actor: str = Actor.USER)
             return SendOutcome("existing", existing, session, selectors.queue_position(existing))
 
         base = dict(
-            session=session, run_id=req.run_id, session_generation=session.session_id,
-            message=req.message, body_hash=req.body_hash, attachments=req.attachments,
-            timeout_ms=req.timeout_ms, queue_mode=req.queue_mode, created_by_id=req.owner_id,
+            session=session,
+            run_id=req.run_id,
+            session_generation=session.session_id,
+            message=req.message,
+            body_hash=req.body_hash,
+            attachments=req.attachments,
+            timeout_ms=req.timeout_ms,
+            queue_mode=req.queue_mode,
+            created_by_id=req.owner_id,
         )
         if req.setup_error is not None:
             return _admit_failed(session, base, req.setup_error, actor)
@@ -80,25 +86,36 @@ def admit_send(req: SendRequest, *, owner_process: str, actor: str = Actor.USER)
                 return SendOutcome("queue_full", None, session)
             run = queries.insert(Run(state=RunState.QUEUED, queue_seq=next_queue_seq(session), stream_seq=1, **base))
             save_row(session)
-            emit_run(run, session, from_state="", to_state=RunState.QUEUED, reason="queued", actor=actor,
-                     row_changed=True)
+            emit_run(
+                run, session, from_state="", to_state=RunState.QUEUED, reason="queued", actor=actor, row_changed=True
+            )
             return SendOutcome("queued", run, session, selectors.queue_position(run))
 
         interrupted = False
         if active is not None:
-            interrupted = kill(active, session, stop_reason=req.interrupt_reason, actor=actor,
-                               owner_process=owner_process, start_next=False)
+            interrupted = kill(
+                active,
+                session,
+                stop_reason=req.interrupt_reason,
+                actor=actor,
+                owner_process=owner_process,
+                start_next=False,
+            )
         run = queries.insert(Run(state=RunState.QUEUED, queue_seq=next_queue_seq(session), **base))
-        transition(run, RunState.DISPATCHING, session=session, reason="send", actor=actor,
-                   owner_process=owner_process)
+        transition(run, RunState.DISPATCHING, session=session, reason="send", actor=actor, owner_process=owner_process)
         return SendOutcome("started", run, session, interrupted_active_run=interrupted)
 
 
 def _admit_failed(session: ChatSession, base: dict[str, Any], error: str, actor: str) -> SendOutcome:
     """Persist a send that failed before its ack as a failed run (§4)."""
     run = Run.objects.create(
-        state=RunState.FAILED, error_kind="dispatch", error_message=error, ended_at=timezone.now(),
-        queue_seq=next_queue_seq(session), stream_seq=1, **base,
+        state=RunState.FAILED,
+        error_kind="dispatch",
+        error_message=error,
+        ended_at=timezone.now(),
+        queue_seq=next_queue_seq(session),
+        stream_seq=1,
+        **base,
     )
     changed = False
     if session.active_run_id is None:
@@ -110,8 +127,15 @@ def _admit_failed(session: ChatSession, base: dict[str, Any], error: str, actor:
         session.last_run_error = error
         save_row(session, "status", "last_run", "started_at", "ended_at", "aborted_last_run", "last_run_error")
         changed = True
-    emit_run(run, session, from_state="", to_state=RunState.FAILED, reason="chat.dispatch-error", actor=actor,
-             row_changed=changed)
+    emit_run(
+        run,
+        session,
+        from_state="",
+        to_state=RunState.FAILED,
+        reason="chat.dispatch-error",
+        actor=actor,
+        row_changed=changed,
+    )
     return SendOutcome("rejected", run, session)
 
 
@@ -122,8 +146,14 @@ def mark_running(run_pk: int) -> bool:
         if found is None:
             return False
         session, run = found
-        return transition(run, RunState.RUNNING, session=session, reason="run.running", actor=Actor.SYSTEM,
-                          owner_process=run.owner_process)
+        return transition(
+            run,
+            RunState.RUNNING,
+            session=session,
+            reason="run.running",
+            actor=Actor.SYSTEM,
+            owner_process=run.owner_process,
+        )
 
 
 _RECORD_DELTA_SQL = (
@@ -177,16 +207,26 @@ def finish_run(
         if cancel_ms is not None:
             values["cancel_ms"] = cancel_ms
         return transition(
-            run, to_state, session=session, reason=reason or REASON_FOR_STATE[RunState(to_state)], actor=actor,
-            owner_process=owner_process, **values,
+            run,
+            to_state,
+            session=session,
+            reason=reason or REASON_FOR_STATE[RunState(to_state)],
+            actor=actor,
+            owner_process=owner_process,
+            **values,
         )
 
 
 def interrupt_run(run_pk: int, *, message: str, owner_process: str = "", actor: str = Actor.REAPER) -> bool:
     """End a run whose process died or stopped: failed, errorKind interrupted (§8)."""
     return finish_run(
-        run_pk, RunState.FAILED, owner_process=owner_process, error_kind="interrupted", error_message=message,
-        reason="run.interrupted", actor=actor,
+        run_pk,
+        RunState.FAILED,
+        owner_process=owner_process,
+        error_kind="interrupted",
+        error_message=message,
+        reason="run.interrupted",
+        actor=actor,
     )
 
 

@@ -47,7 +47,11 @@ def create_session(
 
 
 def patch_session(
-    *, label: str, owner_id: int | None = None, key: str | None = None, pk: int | None = None,
+    *,
+    label: str,
+    owner_id: int | None = None,
+    key: str | None = None,
+    pk: int | None = None,
     actor: str = Actor.USER,
 ) -> ChatSession:
     """Rename a session."""
@@ -60,7 +64,12 @@ def patch_session(
 
 
 def abort(
-    *, owner_id: int, key: str, run_id: str | None, owner_process: str, stop_reason: str = "rpc",
+    *,
+    owner_id: int,
+    key: str,
+    run_id: str | None,
+    owner_process: str,
+    stop_reason: str = "rpc",
     actor: str = Actor.USER,
 ) -> AbortOutcome:
     """chat.abort: stop one run (its queued successor starts, owned by `owner_process`),
@@ -81,8 +90,14 @@ def abort(
 
 
 def abort_all(
-    *, owner_id: int | None = None, key: str | None = None, pk: int | None = None, stop_reason: str,
-    actor: str, create: bool = False, agent_id: str = "main",
+    *,
+    owner_id: int | None = None,
+    key: str | None = None,
+    pk: int | None = None,
+    stop_reason: str,
+    actor: str,
+    create: bool = False,
+    agent_id: str = "main",
 ) -> tuple[ChatSession, list[str]]:
     """Abort every open run of a session: `/stop` (which creates the session if needed), operators."""
     with transaction.atomic():
@@ -95,8 +110,13 @@ def abort_all(
 
 
 def reset_session(
-    *, owner_id: int | None = None, key: str | None = None, pk: int | None = None, actor: str = Actor.USER,
-    create: bool = False, agent_id: str = "main",
+    *,
+    owner_id: int | None = None,
+    key: str | None = None,
+    pk: int | None = None,
+    actor: str = Actor.USER,
+    create: bool = False,
+    agent_id: str = "main",
 ) -> tuple[ChatSession, list[str]]:
     """sessions.reset and /new: abort open runs, rotate sessionId, start a fresh transcript."""
     with transaction.atomic():
@@ -113,8 +133,9 @@ def reset_session(
         session.ended_at = None
         session.aborted_last_run = False
         session.last_run_error = ""
-        save_row(session, "session_id", "status", "last_run", "started_at", "ended_at", "aborted_last_run",
-                 "last_run_error")
+        save_row(
+            session, "session_id", "status", "last_run", "started_at", "ended_at", "aborted_last_run", "last_run_error"
+        )
         row_changed(session, reason="reset", actor=actor)
         return session, killed
 

@@ -47,7 +47,9 @@ class OpsCommand(BaseCommand):
         if self.supports_dry_run:
             parser.add_argument("--dry-run", action="store_true", help=self.dry_run_help)
         parser.add_argument(
-            "--progress", choices=("auto", "always", "never"), default="auto",
+            "--progress",
+            choices=("auto", "always", "never"),
+            default="auto",
             help="progress bar on stderr: auto = on a terminal when there are many rows",
         )
 

@@ -235,8 +235,12 @@ async def test_two_connections_same_key_at_once(alice):
         ra = await a.send("chat.send", send_params("main", f"m{i}", key))
         rb = await b.send("chat.send", send_params("main", f"m{i}", key))
         acks = [(await a.response(ra))["payload"]["status"], (await b.response(rb))["payload"]["status"]]
-        assert sorted(acks) in (["in_flight", "started"], ["in_flight", "queued"], ["ok", "started"],
-                                ["ok", "queued"]), acks
+        assert sorted(acks) in (
+            ["in_flight", "started"],
+            ["in_flight", "queued"],
+            ["ok", "started"],
+            ["ok", "queued"],
+        ), acks
         await a.wait_terminal(key)
     assert (await counts())["runs"] == 5
     await asyncio.gather(a.close(), b.close())

@@ -106,6 +106,7 @@ def test_repair_of_rows_and_deletions() -> None:
     snap = Snapshot(rows={6: (1, {"key": "k6", "version": 2})}, checked={5}, existing=set())
     events = s.repair_events(snap)
     assert [(name, p["reason"], p["session"]["key"]) for name, p in events] == [
-        ("sessions.changed", "resync", "k6"), ("sessions.changed", "delete", "gone")
+        ("sessions.changed", "resync", "k6"),
+        ("sessions.changed", "delete", "gone"),
     ]
     assert events[1][1]["session"]["deleted"] is True and events[1][1]["session"]["version"] == 4

@@ -85,11 +85,24 @@ def _end_runs(owner_id: int, prefix: str, n: int, ended_at) -> None:
 
     s, _ = ChatSession.objects.get_or_create(owner_id=owner_id, key="agent:main:bulk", defaults={"agent_id": "main"})
     base = Run.objects.filter(session=s).count()
-    Run.objects.bulk_create([
-        Run(session=s, run_id=f"{prefix}{i}", session_generation=s.session_id, message="m", body_hash="h",
-            timeout_ms=60000, state="done", reply="r", ended_at=ended_at, stream_seq=1, queue_seq=base + i + 1)
-        for i in range(n)
-    ])
+    Run.objects.bulk_create(
+        [
+            Run(
+                session=s,
+                run_id=f"{prefix}{i}",
+                session_generation=s.session_id,
+                message="m",
+                body_hash="h",
+                timeout_ms=60000,
+                state="done",
+                reply="r",
+                ended_at=ended_at,
+                stream_seq=1,
+                queue_seq=base + i + 1,
+            )
+            for i in range(n)
+        ]
+    )
 
 
 async def test_repair_scan_moves_past_a_full_batch_of_ended_runs(client, alice, monkeypatch):

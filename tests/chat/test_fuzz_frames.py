@@ -13,19 +13,57 @@ from tests.support.db import counts
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-METHODS = ["chat.send", "chat.abort", "chat.history", "sessions.list", "sessions.create", "sessions.patch",
-           "sessions.reset", "sessions.delete", "sessions.steer", "sessions.subscribe", "health", "connect"]
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 2_000_000), st.text(max_size=30),
-                    st.sampled_from(["main", "agent:main:x", "agent:ghost:x", "", "a b", "/stop", "[[hang]]"]))
-values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
-                                                                                         max_size=3), max_leaves=6)
-param_keys = st.sampled_from(["sessionKey", "message", "idempotencyKey", "runId", "limit", "offset", "label",
-                              "timeoutMs", "waitMs", "queueMode", "attachments", "beforeId", "status", "x"])
+METHODS = [
+    "chat.send",
+    "chat.abort",
+    "chat.history",
+    "sessions.list",
+    "sessions.create",
+    "sessions.patch",
+    "sessions.reset",
+    "sessions.delete",
+    "sessions.steer",
+    "sessions.subscribe",
+    "health",
+    "connect",
+]
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 2_000_000),
+    st.text(max_size=30),
+    st.sampled_from(["main", "agent:main:x", "agent:ghost:x", "", "a b", "/stop", "[[hang]]"]),
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=6,
+)
+param_keys = st.sampled_from(
+    [
+        "sessionKey",
+        "message",
+        "idempotencyKey",
+        "runId",
+        "limit",
+        "offset",
+        "label",
+        "timeoutMs",
+        "waitMs",
+        "queueMode",
+        "attachments",
+        "beforeId",
+        "status",
+        "x",
+    ]
+)
 params = st.dictionaries(param_keys, values, max_size=6)
 requests = st.fixed_dictionaries(
-    {"type": st.sampled_from(["req", "req", "req", "res", "event", 3]),
-     "id": st.one_of(st.text(min_size=1, max_size=12), st.integers(), st.just("")),
-     "method": st.one_of(st.sampled_from(METHODS), st.text(max_size=10))},
+    {
+        "type": st.sampled_from(["req", "req", "req", "res", "event", 3]),
+        "id": st.one_of(st.text(min_size=1, max_size=12), st.integers(), st.just("")),
+        "method": st.one_of(st.sampled_from(METHODS), st.text(max_size=10)),
+    },
     optional={"params": st.one_of(params, values), "extra": values},
 )
 frames = st.one_of(requests.map(json.dumps), values.map(json.dumps), st.text(min_size=1, max_size=40))
@@ -43,9 +81,7 @@ async def test_random_frames(alice, settings, batch):
             frame = json.loads(text)
         except ValueError:
             frame = None
-        readable_id = (
-            isinstance(frame, dict) and isinstance(frame.get("id"), str) and 1 <= len(frame["id"]) <= 128
-        )
+        readable_id = isinstance(frame, dict) and isinstance(frame.get("id"), str) and 1 <= len(frame["id"]) <= 128
         # make ids unique per frame so responses can be matched
         if readable_id:
             frame["id"] = f"f{i}-{frame['id']}"
@@ -56,8 +92,16 @@ async def test_random_frames(alice, settings, batch):
         assert res["type"] == "res" and isinstance(res["ok"], bool)
         if not res["ok"]:
             err = res["error"]
-            assert err["code"] in {"INVALID_REQUEST", "UNAUTHORIZED", "FORBIDDEN", "NOT_FOUND", "CONFLICT",
-                                   "RATE_LIMITED", "PAYLOAD_TOO_LARGE", "UNAVAILABLE"}, err
+            assert err["code"] in {
+                "INVALID_REQUEST",
+                "UNAUTHORIZED",
+                "FORBIDDEN",
+                "NOT_FOUND",
+                "CONFLICT",
+                "RATE_LIMITED",
+                "PAYLOAD_TOO_LARGE",
+                "UNAVAILABLE",
+            }, err
             assert isinstance(err["message"], str) and "Traceback" not in err["message"]
             if res.get("payload", {}).get("status") != "error":  # an error ack persists its failed run
                 assert await counts() == before, (text, res)

@@ -23,8 +23,12 @@ async def test_hello_ok_shape(alice):
     assert hello["auth"] == {"role": "operator", "scopes": ["operator.read", "operator.write"], "user": "alice"}
     assert hello["snapshot"]["sessionDefaults"]["mainSessionKey"] == "agent:main:main"
     assert hello["policy"] == {
-        "maxPayload": 1048576, "maxBufferedBytes": 8388608, "tickIntervalMs": 30000, "maxMessageChars": 32000,
-        "sessionKeyNamePattern": "^[A-Za-z0-9._:-]{1,200}$", "agentIdPattern": "^[A-Za-z0-9_-]{1,64}$",
+        "maxPayload": 1048576,
+        "maxBufferedBytes": 8388608,
+        "tickIntervalMs": 30000,
+        "maxMessageChars": 32000,
+        "sessionKeyNamePattern": "^[A-Za-z0-9._:-]{1,200}$",
+        "agentIdPattern": "^[A-Za-z0-9_-]{1,64}$",
         "idempotencyKeyPattern": "^[A-Za-z0-9._:-]{1,128}$",
     }
     assert "chat.send" in hello["features"]["methods"] and "sessions.changed" in hello["features"]["events"]
@@ -168,8 +172,9 @@ async def test_admin_scope_all_sees_other_users(make_user):
     await root.ok("chat.send", {"sessionKey": "mine", "message": "hi", "idempotencyKey": "m"})
     await root.wait_terminal("m")
     await root.drain(0.3)
-    own_rows = [e for e in root.events if e["event"] == "sessions.changed"
-                and e["payload"]["sessionKey"] == "agent:main:mine"]
+    own_rows = [
+        e for e in root.events if e["event"] == "sessions.changed" and e["payload"]["sessionKey"] == "agent:main:mine"
+    ]
     versions = [e["payload"]["session"]["version"] for e in own_rows]
     reasons = [e["payload"]["reason"] for e in own_rows]
     assert len(set(zip(versions, reasons, strict=True))) == len(own_rows)

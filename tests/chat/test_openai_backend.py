@@ -27,8 +27,15 @@ def make_ctx(message: str = "hi", history: list[dict[str, Any]] | None = None, *
     """A context whose transcript ends with this run's own user message, as the manager builds it."""
     transcript = [*(history or []), {"role": "user", "text": message, "aborted": False, "run": 7}]
     values: dict[str, Any] = dict(
-        run_pk=7, run_id="r7", session_key="agent:llm:t", session_id="gen", agent_id="llm", agent={},
-        message=message, transcript=transcript, timeout_ms=60_000,
+        run_pk=7,
+        run_id="r7",
+        session_key="agent:llm:t",
+        session_id="gen",
+        agent_id="llm",
+        agent={},
+        message=message,
+        transcript=transcript,
+        timeout_ms=60_000,
     )
     values.update(kwargs)
     return RunContext(**values)
@@ -57,14 +64,24 @@ async def run_until_error(backend: OpenAIBackend, ctx: RunContext) -> tuple[list
 async def test_streams_text_usage_and_sends_the_configured_request(fake: FakeOpenAI, monkeypatch):
     monkeypatch.setenv("FAKE_KEY", "sk-test-123")
     fake.push(Reply(chunks=["Hel", "lo", " world"], usage={"prompt_tokens": 11, "completion_tokens": 3}))
-    backend = OpenAIBackend("llm", agent_config(
-        fake, api_key_env="FAKE_KEY", system_prompt="Be brief.", temperature=0.2, max_tokens=64,
-        extra_body={"keep_alive": "5m"},
-    ))
-    ctx = make_ctx("hi there", history=[
-        {"role": "user", "text": "earlier", "aborted": False, "run": 1},
-        {"role": "assistant", "text": "earlier reply", "aborted": False, "run": 1},
-    ])
+    backend = OpenAIBackend(
+        "llm",
+        agent_config(
+            fake,
+            api_key_env="FAKE_KEY",
+            system_prompt="Be brief.",
+            temperature=0.2,
+            max_tokens=64,
+            extra_body={"keep_alive": "5m"},
+        ),
+    )
+    ctx = make_ctx(
+        "hi there",
+        history=[
+            {"role": "user", "text": "earlier", "aborted": False, "run": 1},
+            {"role": "assistant", "text": "earlier reply", "aborted": False, "run": 1},
+        ],
+    )
     assert await run_backend(backend, ctx) == ["Hel", "lo", " world"]
     assert ctx.stop_reason == "stop"
     assert ctx.usage == {"prompt_tokens": 11, "completion_tokens": 3}
@@ -289,18 +306,30 @@ async def test_max_retries_zero_means_one_attempt(fake: FakeOpenAI):
 
 
 async def test_context_length_errors(fake: FakeOpenAI):
-    fake.push(Reply(status=400, error={
-        "message": "This model's maximum context length is 8192 tokens. However, you requested 9000 tokens.",
-        "type": "invalid_request_error", "code": "context_length_exceeded",
-    }))
+    fake.push(
+        Reply(
+            status=400,
+            error={
+                "message": "This model's maximum context length is 8192 tokens. However, you requested 9000 tokens.",
+                "type": "invalid_request_error",
+                "code": "context_length_exceeded",
+            },
+        )
+    )
     _got, exc = await run_until_error(OpenAIBackend("llm", agent_config(fake)), make_ctx())
     assert isinstance(exc, BackendError) and exc.kind == "context_length"
     assert "maximum context length is 8192 tokens" in exc.message
     # llama.cpp words it differently, and may say it inside the stream.
-    fake.push(Reply(chunks=[], stream_error={
-        "message": "the request exceeds the available context size, try increasing it",
-        "type": "exceed_context_size_error", "code": 400,
-    }))
+    fake.push(
+        Reply(
+            chunks=[],
+            stream_error={
+                "message": "the request exceeds the available context size, try increasing it",
+                "type": "exceed_context_size_error",
+                "code": 400,
+            },
+        )
+    )
     _got, exc = await run_until_error(OpenAIBackend("llm", agent_config(fake)), make_ctx())
     assert isinstance(exc, BackendError) and exc.kind == "context_length"
     assert len(fake.requests) == 2  # neither was retried
@@ -333,8 +362,9 @@ async def test_a_stream_without_a_finish_reason_is_not_a_clean_end(fake: FakeOpe
 
 
 async def test_connection_refused_is_a_dispatch_failure():
-    backend = OpenAIBackend("llm", {"backend": "openai", "model": "m", "base_url": closed_port_url(),
-                                    "retry_backoff_ms": 10})
+    backend = OpenAIBackend(
+        "llm", {"backend": "openai", "model": "m", "base_url": closed_port_url(), "retry_backoff_ms": 10}
+    )
     with pytest.raises(DispatchError, match=r"cannot reach the model server of agent 'llm' \(connection refused\)"):
         await backend.start(make_ctx())
 

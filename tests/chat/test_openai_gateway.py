@@ -180,12 +180,27 @@ async def test_every_way_of_stopping_a_run_closes_the_connection(client, fake, u
 @pytest.mark.parametrize(
     ("which", "agent", "reply", "send_params", "expected"),
     [
-        ("first token", {"first_token_timeout_ms": 300}, Reply(first_delay=30), {},
-         "no first token from the model within 300 ms (first_token_timeout_ms)"),
-        ("idle", {"idle_timeout_ms": 300}, Reply(chunks=["Hmm", "..."], stall_after=1), {},
-         "the model sent nothing for 300 ms after its last token (idle_timeout_ms)"),
-        ("run budget", {"idle_timeout_ms": 5000}, Reply(chunks=["word "] * 100, tick=0.05), {"timeoutMs": 1000},
-         "run exceeded its budget of 1000 ms (timeoutMs)"),
+        (
+            "first token",
+            {"first_token_timeout_ms": 300},
+            Reply(first_delay=30),
+            {},
+            "no first token from the model within 300 ms (first_token_timeout_ms)",
+        ),
+        (
+            "idle",
+            {"idle_timeout_ms": 300},
+            Reply(chunks=["Hmm", "..."], stall_after=1),
+            {},
+            "the model sent nothing for 300 ms after its last token (idle_timeout_ms)",
+        ),
+        (
+            "run budget",
+            {"idle_timeout_ms": 5000},
+            Reply(chunks=["word "] * 100, tick=0.05),
+            {"timeoutMs": 1000},
+            "run exceeded its budget of 1000 ms (timeoutMs)",
+        ),
     ],
 )
 async def test_each_timeout_ends_the_run_as_timeout_with_its_own_message(
@@ -215,11 +230,24 @@ async def test_each_timeout_ends_the_run_as_timeout_with_its_own_message(
 @pytest.mark.parametrize(
     ("replies", "kind", "words"),
     [
-        ([Reply(status=429, headers={"retry-after": "0.05"}, error={"message": "Rate limit reached"})] * 3,
-         "rate_limit", "retry-after 50 ms"),
-        ([Reply(status=400, error={"message": "This model's maximum context length is 4096 tokens",
-                                   "code": "context_length_exceeded"})],
-         "context_length", "maximum context length is 4096 tokens"),
+        (
+            [Reply(status=429, headers={"retry-after": "0.05"}, error={"message": "Rate limit reached"})] * 3,
+            "rate_limit",
+            "retry-after 50 ms",
+        ),
+        (
+            [
+                Reply(
+                    status=400,
+                    error={
+                        "message": "This model's maximum context length is 4096 tokens",
+                        "code": "context_length_exceeded",
+                    },
+                )
+            ],
+            "context_length",
+            "maximum context length is 4096 tokens",
+        ),
         ([Reply(status=500, error={"message": "CUDA out of memory"})] * 3, "backend", "HTTP 500: CUDA out of memory"),
         ([Reply(chunks=["Half", " a", " reply"], drop_after=1)], "backend", "closed the connection"),
     ],

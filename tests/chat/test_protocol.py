@@ -83,10 +83,14 @@ def _send(**over: object) -> dict:
         (_send(attachments={}), "attachments"),
         (_send(attachments=[{"mimeType": "application/pdf", "content": "AAAA"}]), "attachments[0].mimeType"),
         (_send(attachments=[{"mimeType": "image/png", "content": "!!!"}]), "attachments[0].content"),
-        (_send(attachments=[{"mimeType": "image/png", "content": base64.b64encode(b"hello").decode()}]),
-         "attachments[0].mimeType"),
-        (_send(attachments=[{"mimeType": "text/plain", "content": base64.b64encode(b"\x89PNG\r\n\x1a\n").decode()}]),
-         "attachments[0].mimeType"),
+        (
+            _send(attachments=[{"mimeType": "image/png", "content": base64.b64encode(b"hello").decode()}]),
+            "attachments[0].mimeType",
+        ),
+        (
+            _send(attachments=[{"mimeType": "text/plain", "content": base64.b64encode(b"\x89PNG\r\n\x1a\n").decode()}]),
+            "attachments[0].mimeType",
+        ),
         (_send(attachments=[{"mimeType": "text/plain", "content": "aGk="}] * 5), "attachments"),
     ],
 )

@@ -25,8 +25,15 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
 
 
 def send(owner: Any, run_id: str) -> runs.SendOutcome:
-    request = SendRequest(owner_id=owner.pk, key="agent:main:main", agent_id="main", run_id=run_id,
-                          message="hi", body_hash=hashlib.sha256(b"hi").hexdigest(), timeout_ms=60_000)
+    request = SendRequest(
+        owner_id=owner.pk,
+        key="agent:main:main",
+        agent_id="main",
+        run_id=run_id,
+        message="hi",
+        body_hash=hashlib.sha256(b"hi").hexdigest(),
+        timeout_ms=60_000,
+    )
     return runs.admit_send(request, owner_process="")
 
 
@@ -49,7 +56,8 @@ def test_two_changes_in_one_transaction_both_carry_the_committed_row(sent: list[
     runs.finish_run(first.pk, "done", owner_process="", reply="ok")
     rows = [(m["reason"], json.loads(m["row"])) for m in sent if m["type"] == "gateway.session"]
     assert [(reason, row["status"], row["activeRunIds"], row["lastRunId"]) for reason, row in rows] == [
-        ("run.completed", "running", ["r2"], "r2"), ("run.started", "running", ["r2"], "r2")
+        ("run.completed", "running", ["r2"], "r2"),
+        ("run.started", "running", ["r2"], "r2"),
     ]
     assert rows[0][1] == rows[1][1]
     chats = [(m["runId"], m["state"]) for m in sent if m["type"] == "gateway.chat"]
@@ -62,8 +70,7 @@ def test_a_session_created_by_its_first_send_is_announced_as_committed(
     owner = get_user_model().objects.create_user(username="o")
     with django_capture_on_commit_callbacks(execute=True):
         send(owner, "r1")
-    rows = [(m["reason"], json.loads(m["row"])["activeRunIds"]) for m in sent
-            if m["type"] == "gateway.session"]
+    rows = [(m["reason"], json.loads(m["row"])["activeRunIds"]) for m in sent if m["type"] == "gateway.session"]
     assert rows == [("create", ["r1"]), ("send", ["r1"])]
 
 

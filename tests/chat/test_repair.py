@@ -18,8 +18,15 @@ pytestmark = pytest.mark.django_db
 
 
 def send(owner: Any, run_id: str, key: str = "agent:main:main") -> Any:
-    request = SendRequest(owner_id=owner.pk, key=key, agent_id="main", run_id=run_id, message="hi",
-                          body_hash=hashlib.sha256(b"hi").hexdigest(), timeout_ms=60_000)
+    request = SendRequest(
+        owner_id=owner.pk,
+        key=key,
+        agent_id="main",
+        run_id=run_id,
+        message="hi",
+        body_hash=hashlib.sha256(b"hi").hexdigest(),
+        timeout_ms=60_000,
+    )
     return runs.admit_send(request, owner_process="")
 
 

@@ -38,16 +38,22 @@ def test_core_suites_on_postgres_and_redis() -> None:
     services.require_services()
     base = urlparse(services.POSTGRES_URL)
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    env.update({
-        # pytest-django creates (and drops) test_<name> next to this database name
-        "DATABASE_URL": base._replace(path=f"/agentgate_core_{uuid.uuid4().hex[:8]}").geturl(),
-        "REDIS_URL": services.REDIS_URL,
-        "REDIS_LAYER_PREFIX": f"agtcore{uuid.uuid4().hex[:6]}",
-        "AGENTGATE_CHILD_SUITE": "1",
-    })
+    env.update(
+        {
+            # pytest-django creates (and drops) test_<name> next to this database name
+            "DATABASE_URL": base._replace(path=f"/agentgate_core_{uuid.uuid4().hex[:8]}").geturl(),
+            "REDIS_URL": services.REDIS_URL,
+            "REDIS_LAYER_PREFIX": f"agtcore{uuid.uuid4().hex[:6]}",
+            "AGENTGATE_CHILD_SUITE": "1",
+        }
+    )
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "--timeout", "90", *CORE_SUITES],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-60:])
     assert proc.returncode == 0, f"core suites failed on PostgreSQL + Redis:\n{tail}"

@@ -46,8 +46,11 @@ async def test_handshake_send_stream_final(live):
 async def test_daphne_closes_oversize_frame_with_1009(live):
     server, token = live
     async with ws_client(server, token, subscribe=False) as c:
-        await c.ws.send(json.dumps({"type": "req", "id": "big", "method": "chat.send",
-                                    "params": send_params("huge", "x" * 70_000, "big")}))
+        await c.ws.send(
+            json.dumps(
+                {"type": "req", "id": "big", "method": "chat.send", "params": send_params("huge", "x" * 70_000, "big")}
+            )
+        )
         assert await c.wait_closed() == 1009
     async with ws_client(server, token, subscribe=False) as c:
         listing = await c.ok("sessions.list", {"search": "huge"})

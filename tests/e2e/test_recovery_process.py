@@ -83,8 +83,9 @@ async def test_kill_9_mid_run_then_restart_fails_the_run_and_tells_clients(env: 
         assert recovered_after <= RECOVERY_SECONDS, recovered_after
         assert run_row(env, "k1")[:2] == ("failed", "interrupted")
         assert db_rows(
-            env, "SELECT reason, actor FROM sessions_app_lifecycleevent e JOIN sessions_app_run r ON e.run_id = r.id "
-            "WHERE r.run_id = 'k1' AND e.to_state = 'failed'"
+            env,
+            "SELECT reason, actor FROM sessions_app_lifecycleevent e JOIN sessions_app_run r ON e.run_id = r.id "
+            "WHERE r.run_id = 'k1' AND e.to_state = 'failed'",
         ) == [("run.interrupted", "reaper")]
         assert run_row(env, "k2")[0] == "done"
     finally:
@@ -107,11 +108,15 @@ async def test_sigterm_mid_run_drains_interrupts_and_hands_queued_runs_on(env: d
     assert server.wait(15) == 0
     assert run_row(env, "k1")[:2] == ("failed", "interrupted")
     # Nothing is left running on the stopped process; the queued run was handed on, unowned.
-    assert db_rows(env, "SELECT count(*) FROM sessions_app_run WHERE owner_process = ? "
-                        "AND state IN ('dispatching', 'running')", owner) == [(0,)]
+    assert db_rows(
+        env,
+        "SELECT count(*) FROM sessions_app_run WHERE owner_process = ? AND state IN ('dispatching', 'running')",
+        owner,
+    ) == [(0,)]
     assert run_row(env, "k2")[0] == "dispatching" and run_row(env, "k2")[2] == ""
-    assert db_rows(env, "SELECT stopped_at IS NOT NULL FROM sessions_app_gatewayprocess WHERE server_id = ?",
-                   owner) == [(1,)]
+    assert db_rows(
+        env, "SELECT stopped_at IS NOT NULL FROM sessions_app_gatewayprocess WHERE server_id = ?", owner
+    ) == [(1,)]
 
     successor = start_server(env=env)
     try:

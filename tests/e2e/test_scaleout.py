@@ -31,10 +31,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
 
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
     env.update(FAST_ENV)
-    env.update({
-        "DATABASE_URL": db_url, "REDIS_URL": services.REDIS_URL, "PYTHONUNBUFFERED": "1",
-        "REDIS_LAYER_PREFIX": f"agt{uuid.uuid4().hex[:8]}",
-    })
+    env.update(
+        {
+            "DATABASE_URL": db_url,
+            "REDIS_URL": services.REDIS_URL,
+            "PYTHONUNBUFFERED": "1",
+            "REDIS_LAYER_PREFIX": f"agt{uuid.uuid4().hex[:8]}",
+        }
+    )
     manage(env, "migrate", "--noinput", "-v0")
     token = create_token(env, "carol")
     servers = [start_server(env=env, log_dir=log_dir) for _ in range(2)]
@@ -58,8 +62,10 @@ async def test_events_cross_processes_and_rows_agree(cluster):
         ack = await a.ok("chat.send", send_params(key, "across two processes [[tick:30]]", "r1"))
         assert ack["status"] == "started"
         for c in (a, b):
-            ev = await c.wait_event(lambda e: e["event"] == "chat" and e["payload"]["runId"] == "r1"
-                                    and e["payload"]["state"] == "final", 10)
+            ev = await c.wait_event(
+                lambda e: e["event"] == "chat" and e["payload"]["runId"] == "r1" and e["payload"]["state"] == "final",
+                10,
+            )
             assert ev["payload"]["message"]["content"][0]["text"] == "echo: across two processes"
         await asyncio.gather(a.drain(0.5), b.drain(0.5))
         fresh = {r["key"]: r for r in (await b.ok("sessions.list", {"limit": 500}))["sessions"]}
@@ -84,14 +90,19 @@ async def test_abort_on_one_process_stops_run_on_the_other(cluster):
             ((cancel_ms,),) = db_query(
                 cluster["db_url"],
                 "select r.cancel_ms from sessions_app_run r join sessions_app_chatsession s "
-                "on s.id = r.session_id where r.run_id = %s and s.key = %s", "r1", f"agent:main:{key}",
+                "on s.id = r.session_id where r.run_id = %s and s.key = %s",
+                "r1",
+                f"agent:main:{key}",
             )
             await asyncio.sleep(0.1)
         assert cancel_ms is not None, "the owning process never cancelled the run's task"
         await asyncio.gather(a.drain(1.0), b.drain(1.0))
         for c in (a, b):
-            states = [p["state"] for p in (e["payload"] for e in c.events if e["event"] == "chat")
-                      if p["runId"] == "r1" and p["sessionKey"] == f"agent:main:{key}"]
+            states = [
+                p["state"]
+                for p in (e["payload"] for e in c.events if e["event"] == "chat")
+                if p["runId"] == "r1" and p["sessionKey"] == f"agent:main:{key}"
+            ]
             assert states.count("aborted") == 1 and "final" not in states
 
 
@@ -105,15 +116,24 @@ async def test_same_key_on_two_processes_makes_one_run(cluster):
                 a.call("chat.send", send_params(key, f"m{i}", rid)), b.call("chat.send", send_params(key, f"m{i}", rid))
             )
             statuses = sorted([ra["payload"]["status"], rb["payload"]["status"]])
-            assert statuses in (["in_flight", "started"], ["in_flight", "queued"], ["ok", "started"],
-                                ["ok", "queued"]), statuses
+            assert statuses in (
+                ["in_flight", "started"],
+                ["in_flight", "queued"],
+                ["ok", "started"],
+                ["ok", "queued"],
+            ), statuses
         for i in range(5):
-            await a.wait_event(lambda e, i=i: e["event"] == "chat" and e["payload"]["runId"] == f"race{i}"
-                               and e["payload"]["state"] == "final", 10)
-        (count,), = db_query(
+            await a.wait_event(
+                lambda e, i=i: (
+                    e["event"] == "chat" and e["payload"]["runId"] == f"race{i}" and e["payload"]["state"] == "final"
+                ),
+                10,
+            )
+        ((count,),) = db_query(
             cluster["db_url"],
             "select count(*) from sessions_app_run r join sessions_app_chatsession s on s.id = r.session_id "
-            "where s.key = %s", f"agent:main:{key}",
+            "where s.key = %s",
+            f"agent:main:{key}",
         )
         assert count == 5
         assert all(len(terminal_events(a.events, f"race{i}")) == 1 for i in range(5))
@@ -136,11 +156,14 @@ async def test_kill_9_owner_then_other_process_recovers(cluster, tmp_path):
         )
         assert time.monotonic() - started < float(FAST_ENV["GATEWAY_RECOVERY_SECONDS"]) + 3
         assert changed["payload"]["session"]["key"] == f"agent:main:{key}"
-        ev = await watcher.wait_event(lambda e: e["event"] == "chat" and e["payload"]["runId"] == "doomed"
-                                      and e["payload"]["state"] == "error", 10)
+        ev = await watcher.wait_event(
+            lambda e: e["event"] == "chat" and e["payload"]["runId"] == "doomed" and e["payload"]["state"] == "error",
+            10,
+        )
         assert ev["payload"]["errorKind"] == "interrupted"
         # the queued run is handed to a live process and completes
-        await watcher.wait_event(lambda e: e["event"] == "chat" and e["payload"]["runId"] == "after"
-                                 and e["payload"]["state"] == "final", 15)
+        await watcher.wait_event(
+            lambda e: e["event"] == "chat" and e["payload"]["runId"] == "after" and e["payload"]["state"] == "final", 15
+        )
         row = next(r for r in (await watcher.ok("sessions.list"))["sessions"] if r["key"] == f"agent:main:{key}")
         assert row["status"] == "done" and not row["hasActiveRun"]

@@ -23,8 +23,14 @@ def owner(db: None) -> Any:
 def request_for(owner: Any) -> Callable[..., SendRequest]:
     def make(run_id: str, message: str = "hello", *, key: str = "agent:main:main", **extra: Any) -> SendRequest:
         return SendRequest(
-            owner_id=owner.pk, key=key, agent_id="main", run_id=run_id, message=message,
-            body_hash=hashlib.sha256(message.encode()).hexdigest(), timeout_ms=60_000, **extra,
+            owner_id=owner.pk,
+            key=key,
+            agent_id="main",
+            run_id=run_id,
+            message=message,
+            body_hash=hashlib.sha256(message.encode()).hexdigest(),
+            timeout_ms=60_000,
+            **extra,
         )
 
     return make

@@ -52,8 +52,9 @@ def planted(db: None) -> dict[str, ChatSession]:
     sessions["dead_owner"] = opsdata.session_of(run)
     run = opsdata.own(opsdata.send(owner, "healthy", "r-healthy"), opsdata.LIVE_PROCESS)
     sessions["healthy"] = opsdata.session_of(run)
-    run = opsdata.own(opsdata.send(owner, "too-long", "r-long"), opsdata.LIVE_PROCESS,
-                      dispatched_ago=timedelta(hours=3))
+    run = opsdata.own(
+        opsdata.send(owner, "too-long", "r-long"), opsdata.LIVE_PROCESS, dispatched_ago=timedelta(hours=3)
+    )
     sessions["too_long"] = opsdata.session_of(run)
     run = opsdata.send(owner, "unowned", "r-unowned")  # no live process claimed it in time
     Run.objects.filter(pk=run.pk).update(dispatched_at=timezone.now() - timedelta(minutes=10))
@@ -76,11 +77,13 @@ def planted(db: None) -> dict[str, ChatSession]:
     ChatSession.objects.filter(pk=run.session_id).update(status=SessionStatus.RUNNING)
     sessions["running_row"] = opsdata.session_of(run)
 
-    run = opsdata.finish(opsdata.send(owner, "failed-now", "r-f1"), RunState.FAILED, error_kind="backend",
-                         error_message="model exploded")
+    run = opsdata.finish(
+        opsdata.send(owner, "failed-now", "r-f1"), RunState.FAILED, error_kind="backend", error_message="model exploded"
+    )
     sessions["failed_now"] = opsdata.session_of(run)
-    run = opsdata.finish(opsdata.send(owner, "failed-old", "r-f2"), RunState.FAILED, error_kind="backend",
-                         error_message="old failure")
+    run = opsdata.finish(
+        opsdata.send(owner, "failed-old", "r-f2"), RunState.FAILED, error_kind="backend", error_message="old failure"
+    )
     opsdata.ended_ago(opsdata.session_of(run), timedelta(days=3))
     sessions["failed_old"] = opsdata.session_of(run)
     run = opsdata.finish(opsdata.send(other, "done", "r-done"))
@@ -176,7 +179,8 @@ def test_abort_action_ends_active_and_queued_runs(admin_client: Client, db: None
     res = post_action(admin_client, "abort_runs", [session])
     assert res.status_code == HTTPStatus.FOUND
     assert {r.run_id: (r.state, r.stop_reason) for r in Run.objects.filter(pk__in=[active.pk, queued.pk])} == {
-        "a1": (RunState.KILLED, "operator"), "a2": (RunState.KILLED, "operator"),
+        "a1": (RunState.KILLED, "operator"),
+        "a2": (RunState.KILLED, "operator"),
     }
     session.refresh_from_db()
     assert session.status == SessionStatus.KILLED and session.active_run_id is None
@@ -348,7 +352,8 @@ def test_detail_page_queries_do_not_grow_with_runs(
 
 @pytest.mark.skipif(connection.vendor != "sqlite", reason="EXPLAIN QUERY PLAN is SQLite's")
 @pytest.mark.parametrize(
-    "name", ["stuck", "failed", "running", "counts"],
+    "name",
+    ["stuck", "failed", "running", "counts"],
 )
 def test_operator_filters_use_indexes(db: None, name: str) -> None:
     seed_demo_data(sessions=50, runs=200, users=2, rng_seed=5)
@@ -392,8 +397,13 @@ async def operator_client(make_user: Any) -> Client:
     ],
 )
 async def test_admin_action_reaches_connected_clients(
-    alice: tuple[Any, str], operator_client: Client, action: str, extra: dict[str, str], chat_state: str,
-    stop: str | None, reason: str,
+    alice: tuple[Any, str],
+    operator_client: Client,
+    action: str,
+    extra: dict[str, str],
+    chat_state: str,
+    stop: str | None,
+    reason: str,
 ) -> None:
     client = await open_client(alice[1])
     try:
@@ -427,8 +437,10 @@ def test_runs_cannot_be_deleted_one_by_one(admin_client: Client, db: None) -> No
     run = opsdata.own(opsdata.send(owner, "busy", "r-busy"), opsdata.LIVE_PROCESS)
     changelist = admin_client.get(reverse("admin:sessions_app_run_changelist"))
     assert "delete_selected" not in changelist.content.decode()
-    res = admin_client.post(reverse("admin:sessions_app_run_changelist"),
-                            {"action": "delete_selected", "_selected_action": [run.pk], "post": "yes"})
+    res = admin_client.post(
+        reverse("admin:sessions_app_run_changelist"),
+        {"action": "delete_selected", "_selected_action": [run.pk], "post": "yes"},
+    )
     assert Run.objects.filter(pk=run.pk).exists()
     assert res.status_code in (HTTPStatus.OK, HTTPStatus.FOUND)
     delete_page = admin_client.post(reverse("admin:sessions_app_run_delete", args=[run.pk]), {"post": "yes"})

@@ -45,7 +45,8 @@ def snapshot() -> list[tuple[Any, ...]]:
     return [
         *Run.objects.order_by("pk").values_list("pk", "state", "owner_process", "error_kind"),
         *ChatSession.objects.order_by("pk").values_list("pk", "status", "active_run_id", "version", "session_id"),
-        ("audit", LifecycleEvent.objects.count()), ("messages", Message.objects.count()),
+        ("audit", LifecycleEvent.objects.count()),
+        ("messages", Message.objects.count()),
     ]
 
 
@@ -183,8 +184,7 @@ def plant(kind: str) -> None:
     elif kind == "stray_active_run":
         active = opsdata.own(opsdata.send(owner, "s", "r1"), live)
         stray = opsdata.send(owner, "s", "r2")
-        Run.objects.filter(pk=stray.pk).update(state=RunState.RUNNING, owner_process=live,
-                                               dispatched_at=timezone.now())
+        Run.objects.filter(pk=stray.pk).update(state=RunState.RUNNING, owner_process=live, dispatched_at=timezone.now())
         assert ChatSession.objects.get(pk=active.session_id).active_run_id == active.pk
     elif kind == "active_run_not_active":
         active = opsdata.own(opsdata.send(owner, "s", "r1"), live)

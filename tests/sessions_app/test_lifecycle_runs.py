@@ -30,7 +30,8 @@ def test_started_run_is_active_and_announced_only_after_commit(
     assert chat_states(broadcasts) == [("r1", "dispatching", 1)]
     # the session created by this send is announced as committed: already running r1
     assert [(reason, row["status"], row["activeRunIds"], row["lastRunId"]) for reason, row in rows(broadcasts)] == [
-        ("create", "running", ["r1"], "r1"), ("send", "running", ["r1"], "r1")
+        ("create", "running", ["r1"], "r1"),
+        ("send", "running", ["r1"], "r1"),
     ]
 
 

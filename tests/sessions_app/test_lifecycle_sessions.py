@@ -23,7 +23,8 @@ def test_create_patch_and_conflict(owner: Any, broadcasts: list[dict[str, Any]])
         sessions.create_session(owner_id=owner.pk, key="agent:main:s1")
     assert exc.value.code == "CONFLICT"
     assert [(reason, row["label"], row["version"]) for reason, row in rows(broadcasts)] == [
-        ("create", "One", 1), ("patch", "Two", 2)
+        ("create", "One", 1),
+        ("patch", "Two", 2),
     ]
     assert ChatSession.objects.get(pk=session.pk).version == 2
 
@@ -38,9 +39,12 @@ def test_abort_one_run_starts_the_next(request_for: Callable[..., Any], owner: A
     assert sessions.abort(owner_id=owner.pk, key=KEY, run_id="nope", owner_process="").run_ids == []
 
 
-def test_abort_all_kills_queued_first_and_starts_nothing(request_for: Callable[..., Any], owner: Any,
-                                                        broadcasts: list[dict[str, Any]],
-                                                        django_capture_on_commit_callbacks: Any) -> None:
+def test_abort_all_kills_queued_first_and_starts_nothing(
+    request_for: Callable[..., Any],
+    owner: Any,
+    broadcasts: list[dict[str, Any]],
+    django_capture_on_commit_callbacks: Any,
+) -> None:
     for run_id in ("r1", "r2", "r3"):
         runs.admit_send(request_for(run_id), owner_process="")
     with django_capture_on_commit_callbacks(execute=True):
@@ -59,7 +63,9 @@ def test_reset_rotates_the_generation(request_for: Callable[..., Any], owner: An
 
 
 def test_delete_announces_the_deleted_row_and_keeps_no_audit(
-    request_for: Callable[..., Any], owner: Any, broadcasts: list[dict[str, Any]],
+    request_for: Callable[..., Any],
+    owner: Any,
+    broadcasts: list[dict[str, Any]],
     django_capture_on_commit_callbacks: Any,
 ) -> None:
     runs.admit_send(request_for("r1"), owner_process="")

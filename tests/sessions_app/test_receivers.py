@@ -41,5 +41,6 @@ def test_a_patch_is_audited_with_its_actor(owner: Any) -> None:
     sessions.create_session(owner_id=owner.pk, key="agent:main:s")
     sessions.patch_session(owner_id=owner.pk, key="agent:main:s", label="x", actor="operator")
     assert list(LifecycleEvent.objects.order_by("id").values_list("reason", "actor")) == [
-        ("create", "user"), ("patch", "operator")
+        ("create", "user"),
+        ("patch", "operator"),
     ]

@@ -65,8 +65,7 @@ def test_context_is_bounded_by_what_the_backend_reads(request_for: Callable[...,
     run, session = outcome.run, outcome.session
     assert run is not None
     Message.objects.bulk_create(
-        Message(session=session, session_generation=session.session_id, role="user", text=f"old{i}")
-        for i in range(50)
+        Message(session=session, session_generation=session.session_id, role="user", text=f"old{i}") for i in range(50)
     )
     assert selectors.context_messages(run, limit=0) == []
     # the newest messages of the generation, oldest first, however long the session is

@@ -38,8 +38,13 @@ class Client(ProtocolClient):
 
 
 async def open_client(
-    token: str | None = None, *, path: str = "/ws/gateway", headers: list[tuple[bytes, bytes]] | None = None,
-    connect: bool = True, subscribe: bool = True, params: dict[str, Any] | None = None,
+    token: str | None = None,
+    *,
+    path: str = "/ws/gateway",
+    headers: list[tuple[bytes, bytes]] | None = None,
+    connect: bool = True,
+    subscribe: bool = True,
+    params: dict[str, Any] | None = None,
 ) -> Client:
     """Open a connection to the real ASGI application; by default connect and subscribe."""
     from gatewayproject.asgi import application

@@ -27,9 +27,9 @@ def counts() -> dict[str, int]:
 @database_sync_to_async
 def audit(run_id: str) -> list[tuple[str, str, str, str]]:
     return list(
-        LifecycleEvent.objects.filter(run__run_id=run_id).order_by("id").values_list(
-            "from_state", "to_state", "reason", "actor"
-        )
+        LifecycleEvent.objects.filter(run__run_id=run_id)
+        .order_by("id")
+        .values_list("from_state", "to_state", "reason", "actor")
     )
 
 
@@ -46,8 +46,10 @@ def send_params(key: str, message: str, run_id: str, **extra: Any) -> dict[str, 
 
 def terminal_events(events: list[dict[str, Any]], run_id: str) -> list[dict[str, Any]]:
     return [
-        e["payload"] for e in events
-        if e["event"] == "chat" and e["payload"]["runId"] == run_id
+        e["payload"]
+        for e in events
+        if e["event"] == "chat"
+        and e["payload"]["runId"] == run_id
         and e["payload"]["state"] in ("final", "error", "aborted")
     ]
 

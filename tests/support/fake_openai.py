@@ -185,7 +185,8 @@ class FakeOpenAI:
             extra = "".join(f"{k}: {v}\r\n" for k, v in reply.headers.items())
             writer.write(
                 f"HTTP/1.1 {reply.status} Fake\r\ncontent-type: application/json\r\n"
-                f"content-length: {len(body)}\r\n{connection}{extra}\r\n".encode() + body
+                f"content-length: {len(body)}\r\n{connection}{extra}\r\n".encode()
+                + body
             )
             await writer.drain()
             request.completed = True
@@ -206,7 +207,10 @@ class FakeOpenAI:
 
         def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
             return {
-                "id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": model,
+                "id": "chatcmpl-fake",
+                "object": "chat.completion.chunk",
+                "created": 0,
+                "model": model,
                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
             }
 
@@ -239,9 +243,16 @@ class FakeOpenAI:
             if reply.finish_reason is not None:
                 await event(chunk({}, reply.finish_reason))
             if reply.usage is not None:
-                await event({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0,
-                             "model": model, "choices": [], "usage": {**reply.usage,
-                             "total_tokens": sum(reply.usage.values())}})
+                await event(
+                    {
+                        "id": "chatcmpl-fake",
+                        "object": "chat.completion.chunk",
+                        "created": 0,
+                        "model": model,
+                        "choices": [],
+                        "usage": {**reply.usage, "total_tokens": sum(reply.usage.values())},
+                    }
+                )
             if reply.done:
                 await event("[DONE]")
         if reply.hang_after_done:
@@ -268,8 +279,12 @@ async def running_fake() -> AsyncIterator[FakeOpenAI]:
 def agent_config(fake: FakeOpenAI, **overrides: Any) -> dict[str, Any]:
     """An `openai` agent pointed at the fake, with test-sized timeouts and backoff."""
     config: dict[str, Any] = {
-        "backend": "openai", "model": "fake-model", "base_url": fake.base_url,
-        "first_token_timeout_ms": 2000, "idle_timeout_ms": 2000, "retry_backoff_ms": 20,
+        "backend": "openai",
+        "model": "fake-model",
+        "base_url": fake.base_url,
+        "first_token_timeout_ms": 2000,
+        "idle_timeout_ms": 2000,
+        "retry_backoff_ms": 20,
     }
     config.update(overrides)
     return config

@@ -32,8 +32,12 @@ def send(owner: Any, key: str, run_id: str, message: str = "hello") -> Run:
     """Admit a chat.send through the lifecycle; the first run of an idle session becomes active."""
     outcome = runs.admit_send(
         SendRequest(
-            owner_id=owner.pk, key=key if key.startswith("agent:") else f"agent:main:{key}", agent_id="main",
-            run_id=run_id, message=message, body_hash=hashlib.sha256(message.encode()).hexdigest(),
+            owner_id=owner.pk,
+            key=key if key.startswith("agent:") else f"agent:main:{key}",
+            agent_id="main",
+            run_id=run_id,
+            message=message,
+            body_hash=hashlib.sha256(message.encode()).hexdigest(),
             timeout_ms=600_000,
         ),
         owner_process="",

@@ -170,7 +170,10 @@ def start_server(*, env: dict[str, str], port: int | None = None, log_dir: Path 
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             [PYTHON, "manage.py", "serve", "--host", "127.0.0.1", "--port", str(port)],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
     handle = ServerHandle(proc, port, env, log_path)
     _live.append(handle)

@@ -26,9 +26,12 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
-        parser.add_argument("--access-log", default=None,
-                            help="access log: a file path, or '-' for stdout (formatted like the other logs: "
-                                 "LOG_FORMAT=json gives JSON lines)")
+        parser.add_argument(
+            "--access-log",
+            default=None,
+            help="access log: a file path, or '-' for stdout (formatted like the other logs: "
+            "LOG_FORMAT=json gives JSON lines)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         host, port = options["host"], options["port"]

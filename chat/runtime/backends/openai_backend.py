@@ -227,8 +227,10 @@ def _detail(exc: openai.APIError) -> str:
 
 
 def _is_context_length(exc: openai.APIError) -> bool:
-    return (exc.code or "") in CONTEXT_LENGTH_CODES or (exc.type or "") in CONTEXT_LENGTH_CODES or bool(
-        CONTEXT_LENGTH_RE.search(_detail(exc))
+    return (
+        (exc.code or "") in CONTEXT_LENGTH_CODES
+        or (exc.type or "") in CONTEXT_LENGTH_CODES
+        or bool(CONTEXT_LENGTH_RE.search(_detail(exc)))
     )
 
 
@@ -646,4 +648,3 @@ class _ReplyStream:
             await self._chunks.aclose()
         finally:
             await self._call.close()
-

@@ -25,8 +25,9 @@ class Command(OpsCommand):
             raise CommandError(f"no user {options['username']!r} (use --create-user)")
         token, raw = issue_token(user, name=options["name"])
         if self.as_json:
-            self.emit_json({"id": token.pk, "user": user.get_username(), "name": token.name,
-                            "prefix": token.prefix, "token": raw})
+            self.emit_json(
+                {"id": token.pk, "user": user.get_username(), "name": token.name, "prefix": token.prefix, "token": raw}
+            )
             return
         self.stdout.write(f"Token {token.prefix}… for {user} (store it now; it is not shown again):")
         self.stdout.write(raw)

@@ -31,7 +31,8 @@ class Command(OpsCommand):
                     self.line(f"{kind:32} {text}")
             return
         report = doctor.run(
-            fix_findings=options["fix"], dry_run=self.dry_run,
+            fix_findings=options["fix"],
+            dry_run=self.dry_run,
             progress_factory=lambda n: self.progress(n, "repairing"),
         )
         self.close_bars()

@@ -20,13 +20,22 @@ class Command(OpsCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         super().add_arguments(parser)
-        parser.add_argument("--older-than-days", type=float, required=True, metavar="N",
-                            help="idle for at least N days (by the session's last change)")
+        parser.add_argument(
+            "--older-than-days",
+            type=float,
+            required=True,
+            metavar="N",
+            help="idle for at least N days (by the session's last change)",
+        )
         parser.add_argument("--batch-size", type=int, default=500, help="sessions per transaction (default 500)")
-        parser.add_argument("--force", action="store_true",
-                            help="allow --older-than-days below GATEWAY_PRUNE_MIN_DAYS (default 7)")
-        parser.add_argument("--no-broadcast", action="store_true",
-                            help="skip the per-session sessions.changed events (faster for huge backlogs)")
+        parser.add_argument(
+            "--force", action="store_true", help="allow --older-than-days below GATEWAY_PRUNE_MIN_DAYS (default 7)"
+        )
+        parser.add_argument(
+            "--no-broadcast",
+            action="store_true",
+            help="skip the per-session sessions.changed events (faster for huge backlogs)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         self.setup(options)
@@ -44,8 +53,11 @@ class Command(OpsCommand):
         total = count_candidates(days)
         progress = self.progress(total, "pruning sessions")
         result = prune_sessions(
-            older_than_days=days, dry_run=self.dry_run, batch_size=batch,
-            broadcast=not options["no_broadcast"], progress=progress,
+            older_than_days=days,
+            dry_run=self.dry_run,
+            batch_size=batch,
+            broadcast=not options["no_broadcast"],
+            progress=progress,
         )
         self.close_bars()
         if self.as_json:

@@ -27,10 +27,11 @@ class Command(OpsCommand):
         self.line(f"Dead processes: {', '.join(result.dead_processes)}")
         for run in result.runs:
             state = "would end" if self.dry_run else ("ended" if run.get("ended") else "already ended")
-            self.line(f"  {state}: run {run['runId']} ({run['state']}) of {run['sessionKey']} "
-                      f"[{run['owner']}] on {run['ownerProcess']}")
+            self.line(
+                f"  {state}: run {run['runId']} ({run['state']}) of {run['sessionKey']} "
+                f"[{run['owner']}] on {run['ownerProcess']}"
+            )
         if self.dry_run:
-            self.line(f"Dry run: {len(result.runs)} run(s) would be ended as failed/interrupted.",
-                      self.style.WARNING)
+            self.line(f"Dry run: {len(result.runs)} run(s) would be ended as failed/interrupted.", self.style.WARNING)
         else:
             self.line(f"Ended {result.ended} run(s) as failed/interrupted.", self.style.SUCCESS)

@@ -52,6 +52,8 @@ class Command(OpsCommand):
         if self.dry_run:
             self.line(f"Dry run: {len(found)} token(s) would be revoked.", self.style.WARNING)
         else:
-            self.line(f"Revoked {revoked} token(s). Open connections using them are closed (4008) at once "
-                      "(through the channel layer; at the latest at their next tick, GATEWAY_TICK_INTERVAL_MS).",
-                      self.style.SUCCESS)
+            self.line(
+                f"Revoked {revoked} token(s). Open connections using them are closed (4008) at once "
+                "(through the channel layer; at the latest at their next tick, GATEWAY_TICK_INTERVAL_MS).",
+                self.style.SUCCESS,
+            )

@@ -22,10 +22,15 @@ class Command(OpsCommand):
         parser.add_argument("--sessions", type=int, required=True, metavar="N")
         parser.add_argument("--runs", type=int, required=True, metavar="M")
         parser.add_argument("--users", type=int, default=20, help="demo users to spread sessions over")
-        parser.add_argument("--stuck", type=int, default=None,
-                            help="sessions left running under a dead process (default: one per thousand)")
-        parser.add_argument("--transcripts", action="store_true",
-                            help="also write messages and one audit row per run (slower)")
+        parser.add_argument(
+            "--stuck",
+            type=int,
+            default=None,
+            help="sessions left running under a dead process (default: one per thousand)",
+        )
+        parser.add_argument(
+            "--transcripts", action="store_true", help="also write messages and one audit row per run (slower)"
+        )
         parser.add_argument("--batch-size", type=int, default=1000, help="sessions per transaction")
         parser.add_argument("--seed", type=int, default=None, help="random seed, for repeatable data")
 
@@ -37,8 +42,13 @@ class Command(OpsCommand):
             raise CommandError("runs need sessions")
         started = time.perf_counter()
         result = seed_demo_data(
-            sessions=options["sessions"], runs=options["runs"], users=options["users"], stuck=options["stuck"],
-            transcripts=options["transcripts"], batch_size=options["batch_size"], rng_seed=options["seed"],
+            sessions=options["sessions"],
+            runs=options["runs"],
+            users=options["users"],
+            stuck=options["stuck"],
+            transcripts=options["transcripts"],
+            batch_size=options["batch_size"],
+            rng_seed=options["seed"],
             progress=self.progress(options["sessions"], "seeding sessions"),
         )
         self.close_bars()
