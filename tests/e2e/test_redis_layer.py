@@ -80,7 +80,8 @@ async def hold(
 
 async def test_hundreds_of_idle_connections_stay_open_for_over_a_minute(tmp_path):
     require_redis()
-    env = layer_env(tmp_path, services.REDIS_URL)
+    # one user's hundreds of background tabs: above the default per-user cap on purpose
+    env = layer_env(tmp_path, services.REDIS_URL, GATEWAY_MAX_CONNECTIONS_PER_USER=str(IDLE_CONNECTIONS + 10))
     token = create_token(env, "idler")
     server = start_server(env=env)
     server.wait_ready()
