@@ -101,11 +101,7 @@ def abort_all(
 ) -> tuple[ChatSession, list[str]]:
     """Abort every open run of a session: `/stop` (which creates the session if needed), operators."""
     with transaction.atomic():
-        if create:
-            assert owner_id is not None and key is not None
-            session = lock_or_create_session(owner_id=owner_id, key=key, agent_id=agent_id, actor=actor)
-        else:
-            session = lock_session(owner_id=owner_id, key=key, pk=pk)
+        session = _lock(owner_id=owner_id, key=key, pk=pk, create=create, agent_id=agent_id, actor=actor)
         return session, kill_all(session, stop_reason=stop_reason, actor=actor)
 
 
@@ -120,11 +116,7 @@ def reset_session(
 ) -> tuple[ChatSession, list[str]]:
     """sessions.reset and /new: abort open runs, rotate sessionId, start a fresh transcript."""
     with transaction.atomic():
-        if create:
-            assert owner_id is not None and key is not None
-            session = lock_or_create_session(owner_id=owner_id, key=key, agent_id=agent_id, actor=actor)
-        else:
-            session = lock_session(owner_id=owner_id, key=key, pk=pk)
+        session = _lock(owner_id=owner_id, key=key, pk=pk, create=create, agent_id=agent_id, actor=actor)
         killed = kill_all(session, stop_reason="reset", actor=actor)
         session.session_id = uuid.uuid4()
         session.status = None
@@ -151,3 +143,13 @@ def delete_session(
         row_changed(session, reason="delete", actor=actor, deleted=True)
         session.delete()
         return killed
+
+
+def _lock(
+    *, owner_id: int | None, key: str | None, pk: int | None, create: bool, agent_id: str, actor: str
+) -> ChatSession:
+    """The session, locked; created first when `create` (the inline commands name any key)."""
+    if create:
+        assert owner_id is not None and key is not None
+        return lock_or_create_session(owner_id=owner_id, key=key, agent_id=agent_id, actor=actor)
+    return lock_session(owner_id=owner_id, key=key, pk=pk)
