@@ -254,10 +254,13 @@ class RunExecutor:
                 await self._flush(run, text, sent)
             raise
         finally:
-            if pending is not None and not pending.done():
-                pending.cancel()
-                with contextlib.suppress(BaseException):
-                    await pending
+            if pending is not None:
+                if not pending.done():
+                    pending.cancel()
+                    with contextlib.suppress(BaseException):
+                        await pending
+                elif not pending.cancelled():
+                    pending.exception()  # retrieved: a stream that ended while the run was ending is no error
             await _aclose(stream)
 
     async def _flush(self, run: Run, text: str, sent: str) -> bool:
