@@ -44,7 +44,6 @@ class RowSeen:
 
     version: int
     deleted: bool
-    key: str
     row: dict[str, Any] | None = None
     row_json: str | None = None
 
@@ -114,11 +113,11 @@ class ConnectionState:
     def admit_row(self, session_pk: int, payload: dict[str, Any]) -> bool:
         """Whether this `sessions.changed` is news here: subscribed, and never older than what was sent."""
         row = payload["session"]
-        return self._admit_row(session_pk, RowSeen(row["version"], bool(row.get("deleted")), row["key"], row=row))
+        return self._admit_row(session_pk, RowSeen(row["version"], bool(row.get("deleted")), row=row))
 
     def admit_encoded_row(self, message: dict[str, Any]) -> bool:
         """`admit_row` for a layer message whose payload is already encoded (`delivery.session_message`)."""
-        seen = RowSeen(message["version"], message["deleted"], message["key"], row_json=message["row"])
+        seen = RowSeen(message["version"], message["deleted"], row_json=message["row"])
         return self._admit_row(int(message["session"]), seen)
 
     def _admit_row(self, session_pk: int, seen: RowSeen) -> bool:

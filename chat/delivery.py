@@ -61,7 +61,6 @@ def session_message(owner_id: int, session_pk: int, payload: dict[str, Any]) -> 
         "type": "gateway.session",
         "owner": owner_id,
         "session": session_pk,
-        "key": row["key"],
         "version": row["version"],
         "deleted": bool(row.get("deleted")),
         "reason": payload["reason"],

@@ -172,6 +172,18 @@ def _end_run(finding: Finding, to_state: str, **kwargs: Any) -> bool:
     return runs.finish_run(finding.run_pk, to_state, owner_process="", **kwargs)
 
 
+def _time_out(finding: Finding, message: str) -> bool:
+    return _end_run(
+        finding,
+        RunState.TIMEOUT,
+        error_kind="timeout",
+        stop_reason="timeout",
+        reason="run.timeout",
+        error_message=message,
+        actor=Actor.OPERATOR,
+    )
+
+
 def _interrupt(finding: Finding) -> bool:
     assert finding.run_pk is not None
     return runs.interrupt_run(finding.run_pk, message=INTERRUPTED_MESSAGE, actor=Actor.REAPER)
@@ -186,27 +198,11 @@ FIXERS: dict[str, tuple[str, Callable[[Finding], bool]]] = {
     "unclaimed_run": ("end the run as failed (interrupted)", lambda f: _interrupt(f)),
     "long_running_run": (
         "end the run as timeout",
-        lambda f: _end_run(
-            f,
-            RunState.TIMEOUT,
-            error_kind="timeout",
-            stop_reason="timeout",
-            reason="run.timeout",
-            error_message="run exceeded GATEWAY_STUCK_RUN_SECONDS; ended by gateway_doctor",
-            actor=Actor.OPERATOR,
-        ),
+        lambda f: _time_out(f, "run exceeded GATEWAY_STUCK_RUN_SECONDS; ended by gateway_doctor"),
     ),
     "overdue_run": (
         "end the run as timeout",
-        lambda f: _end_run(
-            f,
-            RunState.TIMEOUT,
-            error_kind="timeout",
-            stop_reason="timeout",
-            reason="run.timeout",
-            error_message="run outlived its budget; ended by gateway_doctor",
-            actor=Actor.OPERATOR,
-        ),
+        lambda f: _time_out(f, "run outlived its budget; ended by gateway_doctor"),
     ),
     "stale_generation_run": (
         "abort the run (stopReason reset)",
