@@ -293,14 +293,15 @@ def wait_port(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: floa
     raise RuntimeError(f"server on port {port} not up after {timeout} s:\n{log.read_text(errors='replace')}")
 
 
-def wait_healthz(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float = 30.0) -> None:
+def wait_ready(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float = 30.0) -> None:
+    """Until /readyz answers 200 (database, channel layer through the hub, loops): what a load balancer waits for."""
     wait_port(port, proc, log, timeout)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
+        with contextlib.suppress(OSError), urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=3):
             return
         time.sleep(0.05)
-    raise RuntimeError(f"gateway on port {port} never healthy:\n{log.read_text(errors='replace')}")
+    raise RuntimeError(f"gateway on port {port} never ready:\n{log.read_text(errors='replace')}")
 
 
 class Processes:
@@ -375,7 +376,7 @@ def seed(env: dict[str, str], users: int, long_messages: int) -> dict[str, Any]:
 def start_gateway(procs: Processes, env: dict[str, str], name: str) -> tuple[str, int]:
     port = free_port()
     proc, log = procs.spawn([PYTHON, "manage.py", "serve", "--host", "127.0.0.1", "--port", str(port)], env, name)
-    wait_healthz(port, proc, log)
+    wait_ready(port, proc, log)
     return f"ws://127.0.0.1:{port}/ws/gateway", proc.pid
 
 

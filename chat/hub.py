@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections import defaultdict
 from typing import Any, Protocol
 
@@ -22,6 +23,11 @@ from .runtime import health
 
 log = logging.getLogger(__name__)
 CHANNEL_PREFIX = "gateway"  # channel_capacity in settings matches it: every event of the process passes here
+PROBE_TYPE = "hub.probe"
+
+
+class HubNotListening(RuntimeError):
+    """The process's channel is not open or not being received on."""
 
 
 class Member(Protocol):
@@ -38,6 +44,7 @@ class Hub:
         self.on_control: Any = None  # (message) -> None: messages for the process itself (run.cancel)
         self.process_group: str | None = None
         self._lock = asyncio.Lock()
+        self._probes: dict[str, asyncio.Future[None]] = {}  # token -> waiting probe
 
     async def start(self, process_group: str, on_control: Any) -> None:
         """Open the channel, join the process's own group, and start receiving."""
@@ -55,6 +62,37 @@ class Hub:
             await asyncio.wait([task], timeout=5)
         self.members.clear()
         self.channel = None
+        for waiting in self._probes.values():
+            if not waiting.done():
+                waiting.set_exception(HubNotListening("the process's channel was closed"))
+        self._probes.clear()
+
+    async def probe(self) -> None:
+        """Round trip through the path every connection's events take: join a fresh group with
+        the process's channel, send to it, and wait for the receive loop to hand it back.
+
+        Readiness must not use a channel of its own: channels-redis lets one receive loop per
+        process pop only its own channel, so a second channel's message would never be read.
+        Cancelled by the caller's deadline; the group is left either way.
+        """
+        channel = self.channel
+        if self.task is None or self.task.done() or channel is None:
+            raise HubNotListening("the process's channel is not open (the receive loop is restarting)")
+        layer = get_channel_layer()
+        assert layer is not None
+        token = uuid.uuid4().hex
+        group = f"probe.{token}"
+        waiting: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._probes[token] = waiting
+        try:
+            await layer.group_add(group, channel)
+            try:
+                await layer.group_send(group, {"type": PROBE_TYPE, "token": token})
+                await waiting
+            finally:
+                await _group_discard(group, channel)
+        finally:
+            self._probes.pop(token, None)
 
     async def join(self, group: str, member: Member) -> None:
         """Add a connection to a group; the process's channel joins it with the first."""
@@ -107,6 +145,10 @@ class Hub:
                     await member.deliver(message)
                 except Exception:  # one closing socket must not stop the others
                     log.debug("delivery to one connection failed", exc_info=True)
+        elif message.get("type") == PROBE_TYPE:
+            waiting = self._probes.get(str(message.get("token")))
+            if waiting is not None and not waiting.done():
+                waiting.set_result(None)
         elif self.on_control is not None:
             self.on_control(message)
 

@@ -1,7 +1,8 @@
 """Operator endpoints: liveness, readiness and Prometheus metrics.
 
 /healthz   the process answers HTTP (no dependency checked: a restart would not help them)
-/readyz    the database and the channel layer are reachable, this process's background loops
+/readyz    the database answers, a group message reaches this process's connections (through
+           the hub's channel and receive loop, the path every event takes), this process's background loops
            (heartbeat + sweep, reconcile, repair, cross-process listener) are healthy, and the
            process is not draining; 503 otherwise, so a load balancer stops sending it new
            connections. Every check has its own deadline, so the answer comes within ~2.5 s
@@ -106,14 +107,23 @@ async def _check_database() -> None:
 
 
 async def _check_channel_layer() -> None:
-    """A message to a fresh channel of this process comes back: the layer works end to end."""
+    """A group message reaches this process's connections: through the hub's channel and
+    receive loop when the runtime serves (what every event of a connection takes), else
+    through a fresh channel (no connection yet: the first one starts the runtime)."""
     layer = get_channel_layer()
     if layer is None:
         raise RuntimeError("no channel layer configured")
+    if runtime.running:
+        loop = runtime.loop
+        assert loop is not None
+        if loop is asyncio.get_running_loop():
+            await runtime.hub.probe()
+        else:  # a view served on another loop (a test client): ask the serving loop
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(runtime.hub.probe(), loop))
+        return
     channel = await layer.new_channel()
     token = uuid.uuid4().hex
     group = f"readyz.{token[:12]}"
-    # What a connecting client needs: join a group, get a group message, leave.
     await layer.group_add(group, channel)
     try:
         await layer.group_send(group, {"type": "readyz.ping", "token": token})

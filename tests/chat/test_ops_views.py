@@ -130,3 +130,44 @@ async def test_metrics_count_acks_latency_runs_and_sockets(alice: tuple[Any, str
 async def test_healthz_under_the_async_client() -> None:
     res = await AsyncClient().get("/healthz")
     assert res.status_code == HTTPStatus.OK
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_readyz_goes_through_the_hubs_receive_loop(client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Serving, readiness is the hub's round trip: a hub that stops handing messages on is unready."""
+    assert runtime.running and runtime.hub.task is not None
+    res = await AsyncClient().get("/readyz")
+    assert res.status_code == HTTPStatus.OK, res.content
+
+    delivered = runtime.hub.deliver
+
+    async def drop_probes(message: dict[str, Any]) -> None:
+        if message.get("type") != "hub.probe":
+            await delivered(message)
+
+    monkeypatch.setattr(runtime.hub, "deliver", drop_probes)
+    monkeypatch.setattr(ops_views, "READY_TIMEOUT_SECONDS", 0.3)
+    res = await AsyncClient().get("/readyz")
+    assert res.status_code == HTTPStatus.SERVICE_UNAVAILABLE
+    assert res.json()["checks"]["channelLayer"] == {"ok": False, "detail": "timed out after 0.3s", "ms": ANY_MS}
+    assert not runtime.hub._probes, "an abandoned probe is forgotten"
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_readyz_503_while_the_hubs_channel_is_closed(client: Any) -> None:
+    task = runtime.hub.task
+    assert task is not None
+    task.cancel()
+    await asyncio.wait([task])
+    res = await AsyncClient().get("/readyz")
+    assert res.status_code == HTTPStatus.SERVICE_UNAVAILABLE
+    detail = res.json()["checks"]["channelLayer"]["detail"]
+    assert "HubNotListening" in detail and "not open" in detail, detail
+
+
+class _AnyMs:
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, float) and other >= 0
+
+
+ANY_MS = _AnyMs()

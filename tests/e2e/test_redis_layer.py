@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
-import subprocess
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +27,6 @@ from tests.support.servers import (
     ServerHandle,
     WsClient,
     create_token,
-    free_port,
     prepare_database,
     start_server,
     ws_client,
@@ -111,65 +108,7 @@ async def test_hundreds_of_idle_connections_stay_open_for_over_a_minute(tmp_path
         server.stop()
 
 
-# --- a Redis of the test's own, restarted under live connections ---------------------------------------
-
-
-class RedisProcess:
-    """A throwaway `redis-server` without persistence: a restart forgets every group."""
-
-    def __init__(self, directory: Path) -> None:
-        self.port = free_port()
-        self.directory = directory
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        binary = shutil.which("redis-server")
-        assert binary is not None
-        self.proc = subprocess.Popen(
-            [
-                binary,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.directory),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        import redis
-
-        while time.monotonic() < deadline:
-            with contextlib.suppress(Exception):
-                if redis.Redis(port=self.port, socket_timeout=1).ping():
-                    return
-            time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisProcess]:
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed")
-    r = RedisProcess(tmp_path)
-    r.start()
-    yield r
-    r.kill()
+# --- a Redis of the test's own (the `own_redis` fixture), restarted under live connections -------------
 
 
 @contextlib.asynccontextmanager

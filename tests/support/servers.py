@@ -5,7 +5,7 @@ Usage::
     env = prepare_database(tmp_path)                   # migrated SQLite file + fast timings
     token = create_token(env, "bob")
     server = start_server(env=env)                     # free port picked when none is given
-    server.wait_ready()
+    server.wait_ready()                                # /readyz answers 200
     async with ws_client(server, token) as client:
         await client.ok("chat.send", {...})
     server.kill()                                      # SIGKILL; .terminate() sends SIGTERM
@@ -110,19 +110,22 @@ class ServerHandle:
         return self.proc.poll() is None
 
     def wait_ready(self, timeout: float = 20.0) -> None:
-        """Block until /healthz answers 200; raise with the server log if it never does."""
+        """Block until /readyz answers 200, as a load balancer or readiness probe waits; raise
+        with its last answer and the server log if it never does."""
         deadline = time.monotonic() + timeout
+        last = "no answer"
         while time.monotonic() < deadline:
             if not self.alive():
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.output()}")
             try:
-                with urllib.request.urlopen(self.url + "/healthz", timeout=1) as res:
-                    if res.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
+                status, body = self.get("/readyz", timeout=3)
+                if status == 200:
+                    return
+                last = f"{status} {body}"
+            except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+                last = repr(exc)
             time.sleep(0.05)
-        raise RuntimeError(f"server not ready after {timeout}s:\n{self.output()}")
+        raise RuntimeError(f"server not ready after {timeout}s (/readyz: {last}):\n{self.output()}")
 
     def get(self, path: str, timeout: float = 5.0) -> tuple[int, str]:
         """GET `path`; return (status, body) for any HTTP status."""

@@ -6,9 +6,14 @@ so that a missing service fails the run instead of silently skipping.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import socket
+import subprocess
+import time
 import uuid
+from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
@@ -86,3 +91,57 @@ def drop_database(url: str) -> None:
     name = urlparse(url).path.lstrip("/")
     with psycopg.connect(_libpq(POSTGRES_URL), autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+class RedisProcess:
+    """A throwaway `redis-server` without persistence: a restart forgets every group."""
+
+    def __init__(self, directory: Path) -> None:
+        self.port = _free_port()
+        self.directory = directory
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        assert binary is not None
+        self.proc = subprocess.Popen(
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.directory),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):
+                import redis
+
+                if redis.Redis(port=self.port, socket_timeout=1).ping():
+                    return
+            time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

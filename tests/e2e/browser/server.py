@@ -71,7 +71,7 @@ class GatewayServer:
             self._manage("shell", "-c", code)
 
     def start(self, timeout: float = 30.0) -> None:
-        """Start serving and wait until /healthz answers."""
+        """Start serving and wait until /readyz answers 200."""
         self.handle = start_server(env=self.env, port=self.port, log_dir=self.tmp)
         try:
             self.handle.wait_ready(timeout)
