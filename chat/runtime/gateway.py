@@ -39,6 +39,7 @@ class GatewayRuntime:
         self.connections = connections
         self.supervisor = Supervisor(self)
         self.hub = Hub()
+        self._started: asyncio.Future[None] | None = None  # done once `ensure_started` has finished
 
     @property
     def running(self) -> bool:
@@ -49,13 +50,37 @@ class GatewayRuntime:
         return self.server_id if self.running and self.accepting else ""
 
     async def ensure_started(self) -> None:
-        """Start on the running loop (idempotent)."""
+        """Start on the running loop (idempotent); a caller arriving while it starts waits for it.
+
+        A connection that went on before the hub was open would join groups the hub then
+        forgot: it would get no live event until it reconnected.
+        """
         loop = asyncio.get_running_loop()
         if self.loop is loop:
+            if self._started is not None and not self._started.done():
+                await asyncio.shield(self._started)
             return
         if self.running:
             raise RuntimeError("the gateway runtime is serving another event loop")
         self.loop = loop
+        started = self._started = loop.create_future()
+        try:
+            await self._start()
+        except BaseException as exc:
+            # Not started: the next connection tries again (a database that was down at boot).
+            self.loop, self._started = None, None
+            if isinstance(exc, Exception):
+                with contextlib.suppress(Exception):
+                    await self.hub.stop()
+                    await broadcaster.stop()
+                started.set_exception(exc)
+                started.exception()  # retrieved here; the waiters re-raise it
+            else:
+                started.cancel()
+            raise
+        started.set_result(None)
+
+    async def _start(self) -> None:
         self.server_id = f"{socket.gethostname()[:30]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.accepting = True
         self.stopping = False

@@ -254,7 +254,12 @@ def check_life(
     for run in set(by_run) | life.acked:
         terminals = [p for p in by_run.get(run, []) if p["state"] in TERMINAL]
         if run in existing and len(terminals) != 1:
-            problems.append(f"{run}: {len(terminals)} terminals on a connection that stayed (run {existing[run]})")
+            got = [(p["state"], p["seq"]) for p in by_run.get(run, [])][-4:]
+            problems.append(
+                f"{run}: {len(terminals)} terminals on a connection that stayed (run {existing[run]}); "
+                f"connection to process {life.server} opened at {life.opened_at:.3f}, acked {run in life.acked}, "
+                f"got {got}, {len(by_run.get(run, []))} events"
+            )
 
 
 async def test_chaos(tmp_path: Path) -> None:

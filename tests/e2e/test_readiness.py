@@ -68,7 +68,7 @@ def require_redis() -> None:
 def test_ready_on_the_in_memory_layer(tmp_path: Path) -> None:
     server = start_server(env=prepare_database(tmp_path))
     try:
-        took, _ = until_ready(server, 20)
+        until_ready(server, 20)
         status, body, _ = readyz(server)
         assert status == 200 and body["checks"]["channelLayer"]["ok"], body
     finally:
