@@ -165,20 +165,25 @@ class Hub:
         meanwhile are repaired, §9)."""
         layer = get_channel_layer()
         assert layer is not None
+        me = asyncio.current_task()
         delay = 1.0
-        while True:
+        # `stop` forgets this task before cancelling it: redis-py may swallow the cancellation
+        # (as its own timeout), and a loop that went on would receive on no channel.
+        while self.task is me:
             try:
                 if self.channel is None:
                     await self._open(process_group)
                 health.ok("listener")
                 delay = 1.0
-                while True:
-                    message = await layer.receive(self.channel)  # type: ignore[arg-type]
+                while self.task is me and self.channel is not None:
+                    message = await layer.receive(self.channel)
                     health.ok("listener")
                     await self.deliver(message)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                if self.task is not me:
+                    return
                 self.channel = None
                 health.failed("listener", exc, restart=True)
                 metrics.channel_layer_failed("listener")

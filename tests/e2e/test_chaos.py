@@ -227,6 +227,7 @@ def check_life(
     problems: list[str],
     *,
     survivor: bool,
+    stored: dict[tuple[str, str], list[Any]] | None = None,
 ) -> None:
     by_run: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for e in life.client.events:
@@ -258,7 +259,8 @@ def check_life(
             problems.append(
                 f"{run}: {len(terminals)} terminals on a connection that stayed (run {existing[run]}); "
                 f"connection to process {life.server} opened at {life.opened_at:.3f}, acked {run in life.acked}, "
-                f"got {got}, {len(by_run.get(run, []))} events"
+                f"got {got}, {len(by_run.get(run, []))} events; stored (state, seq, owner, created, ended, "
+                f"stop, error) {(stored or {}).get(run)}"
             )
 
 
@@ -280,18 +282,29 @@ async def test_chaos(tmp_path: Path) -> None:
         fresh = (await survivors[-1].client.ok("sessions.list", {"limit": 500}))["sessions"]
         chaos.note_rows("sessions.list", fresh)
 
-        existing = {
-            (f"{key}", run_id): state
-            for key, run_id, state in c.query(
-                "select s.key, r.run_id, r.state from sessions_app_run r "
-                "join sessions_app_chatsession s on s.id = r.session_id"
+        stored = {
+            (key, run_id): rest
+            for key, run_id, *rest in c.query(
+                "select s.key, r.run_id, r.state, r.stream_seq, r.owner_process, "
+                "extract(epoch from r.created_at), extract(epoch from r.ended_at), r.stop_reason, r.error_kind "
+                "from sessions_app_run r join sessions_app_chatsession s on s.id = r.session_id"
             )
         }
+        existing = {run: facts[0] for run, facts in stored.items()}
         problems: list[str] = []
         consensus: dict[tuple[str, str], Any] = {}
         live_ids = {id(life) for life in survivors if life.client.closed is None}
         for life in chaos.lives:
-            check_life(life, existing, consensus, problems, survivor=id(life) in live_ids)
+            check_life(life, existing, consensus, problems, survivor=id(life) in live_ids, stored=stored)
+        if any("terminals on a connection that stayed" in p for p in problems):
+            # diagnosis: late (patience) or never (a hole)?
+            waited = time.monotonic()
+            await asyncio.gather(*(life.client.drain(20.0) for life in survivors))
+            again: list[str] = []
+            for life in chaos.lives:
+                check_life(life, existing, {}, again, survivor=id(life) in live_ids, stored=stored)
+            missing = [p for p in again if "terminals on a connection that stayed" in p]
+            print(f"chaos: after {time.monotonic() - waited:.0f}s more, {len(missing)} still missing: {missing[:5]}")
         expected = {r["key"]: r for r in fresh}
         late = [
             life
