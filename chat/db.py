@@ -6,10 +6,12 @@ every write runs on one dedicated thread, and what has queued up while it was bu
 together in one transaction (group commit): each write in its own savepoint, so one that
 fails changes nothing and the others stand; its caller hears back only once the whole
 transaction has committed, so nothing is acknowledged before it is durable. The busier
-the gateway, the more writes share a commit: throughput rises with load. Admissions go
-first (`urgent`), so an ack never waits behind the deltas of other runs. Reads run beside
-the writer (WAL). On PostgreSQL writes are spread over the pool like reads: its row locks
-serialise only what touches the same session.
+the gateway, the more writes share a commit: throughput rises with load. A write that
+panics (raises a BaseException that is not an Exception) takes the whole transaction with
+it: its caller gets its error, those that had succeeded or not yet run `BatchRolledBack`.
+Admissions go first (`urgent`), so an ack never waits behind the deltas of other runs.
+Reads run beside the writer (WAL). On PostgreSQL writes are spread over the pool like
+reads: its row locks serialise only what touches the same session.
 
 Each call is a plain function run on a thread (no asgiref context hop); the thread's
 connection is kept (SQLite) or handed back to the pool (PostgreSQL) after each call.
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from django.conf import settings
-from django.db import close_old_connections, connection, transaction
+from django.db import DatabaseError, close_old_connections, connection, transaction
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -51,6 +53,18 @@ class _Job:
     rank: tuple[int, int]
     call: Callable[[], Any] = field(compare=False)
     future: Future[Any] = field(compare=False)
+
+
+class BatchRolledBack(DatabaseError):
+    """Another write of the batch panicked: the batch's transaction, this write with it, rolled back."""
+
+
+class WritePanicked(RuntimeError):
+    """The write raised a BaseException that is not an Exception (its `__cause__`).
+
+    Handed to its caller in this form: a KeyboardInterrupt or SystemExit re-raised in a
+    task on the event loop would stop the whole server, not just fail one request.
+    """
 
 
 class Writer:
@@ -77,23 +91,38 @@ class Writer:
                     break
             # A write whose caller gave up before it started is not made; once started, it is.
             batch = [job for job in batch if job.future.set_running_or_notify_cancel()]
-            if batch:
-                try:
-                    self._commit(batch)
-                except BaseException:  # never lose the writer: its callers would wait for ever
-                    log.exception("writer failed")
-
-    def _commit(self, batch: list[_Job]) -> None:
-        outcomes: list[tuple[bool, Any]] = []
-        if len(batch) == 1:  # alone: its own transaction (or autocommit) is the commit
+            if not batch:
+                continue
             try:
-                outcomes.append((True, batch[0].call()))
-            except Exception as exc:
-                outcomes.append((False, exc))
-            finally:
-                close_old_connections()
-            self._answer(batch, outcomes)
-            return
+                self._answer(batch, self._commit(batch))
+            except BaseException as exc:  # never lose the writer, nor leave a caller waiting for ever
+                log.exception("writer failed")
+                error = exc if isinstance(exc, Exception) else _panicked(exc)
+                for job in batch:
+                    if not job.future.done():
+                        job.future.set_exception(error)
+
+    def _commit(self, batch: list[_Job]) -> list[tuple[bool, Any]]:
+        """Run the batch; one (ok, result or error) per job."""
+        try:
+            return [self._alone(batch[0])] if len(batch) == 1 else self._together(batch)
+        finally:
+            close_old_connections()
+
+    @staticmethod
+    def _alone(job: _Job) -> tuple[bool, Any]:
+        # Alone: its own transaction (or autocommit) is the commit.
+        try:
+            return True, job.call()
+        except Exception as exc:
+            return False, exc
+        except BaseException as exc:  # a panic: its caller hears of it, the writer lives on
+            log.error("write panicked", exc_info=True)
+            return False, _panicked(exc)
+
+    @staticmethod
+    def _together(batch: list[_Job]) -> list[tuple[bool, Any]]:
+        outcomes: list[tuple[bool, Any]] = []
         try:
             with transaction.atomic():
                 for job in batch:
@@ -104,10 +133,18 @@ class Writer:
                         outcomes.append((False, exc))
         except Exception as exc:  # the commit itself failed: nothing of the batch happened
             log.warning("write batch of %d failed to commit", len(batch), exc_info=True)
-            outcomes = [(False, exc)] * len(batch)
-        finally:
-            close_old_connections()
-        self._answer(batch, outcomes)
+            return [(False, exc)] * len(batch)
+        except BaseException as exc:
+            # A panic left the outer block too, which rolled the whole batch back: every
+            # caller must hear so, the writes that had succeeded and those never run alike.
+            log.error("write batch of %d rolled back: a write panicked", len(batch), exc_info=True)
+            # Those that had failed keep their own error (their writes were undone anyway).
+            answers = [(False, _rolled_back(exc)) if ok else (ok, value) for ok, value in outcomes]
+            if len(answers) < len(batch):  # else the commit itself panicked
+                answers.append((False, _panicked(exc)))
+            answers += [(False, _rolled_back(exc)) for _job in batch[len(answers) :]]
+            return answers
+        return outcomes
 
     @staticmethod
     def _answer(batch: list[_Job], outcomes: list[tuple[bool, Any]]) -> None:
@@ -116,6 +153,19 @@ class Writer:
                 job.future.set_result(value)
             else:
                 job.future.set_exception(value)
+
+
+def _panicked(cause: BaseException) -> WritePanicked:
+    error = WritePanicked(f"write panicked: {cause!r}")
+    error.__cause__ = cause
+    return error
+
+
+def _rolled_back(cause: BaseException) -> BatchRolledBack:
+    # One per caller: an exception raised in several tasks would pile up their tracebacks.
+    error = BatchRolledBack(f"write batch rolled back: another write panicked ({cause!r})")
+    error.__cause__ = cause
+    return error
 
 
 def _executors() -> tuple[ThreadPoolExecutor, Writer | None]:

@@ -157,5 +157,5 @@ async def repair(connections: list[Repairable], scanner: Scanner) -> None:
             events = c.state.repair_events(snap)
             if events:
                 await c.send_events(events)
-        except Exception:  # one closing socket must not stop the others
-            log.debug("repair of one connection failed", exc_info=True)
+        except Exception:  # one connection must not stop the others; its failure is news (it misses events)
+            log.warning("repair of one connection failed", exc_info=True)

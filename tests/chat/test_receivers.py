@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import threading
+from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import transaction
+from django.db import connection, transaction
 
-from chat import delivery
-from sessions_app.lifecycle import runs
+from chat import delivery, receivers
+from chat.db import Writer
+from sessions_app.lifecycle import runs, sessions
 from sessions_app.lifecycle.runs import SendRequest
+from sessions_app.models import ChatSession
 
 pytestmark = pytest.mark.django_db
 
@@ -86,3 +92,162 @@ def test_changes_after_a_rollback_are_still_announced(sent: list[dict[str, Any]]
     assert first.run is not None
     rows = [json.loads(m["row"])["queuedRunIds"] for m in sent if m["type"] == "gateway.session"]
     assert rows == [["r3"]]
+
+
+# --- changes undone with their savepoint (the writer's batches) ---------------------------------
+
+WAIT = 10.0  # seconds
+
+
+def row_events(sent: list[dict[str, Any]]) -> list[tuple[str, str, int, bool]]:
+    """(reason, label, version, deleted) of each row event sent."""
+    rows = [(m["reason"], json.loads(m["row"])) for m in sent if m["type"] == "gateway.session"]
+    return [(reason, row["label"], row["version"], bool(row.get("deleted"))) for reason, row in rows]
+
+
+def new_session() -> ChatSession:
+    owner = get_user_model().objects.create_user(username="o")
+    return sessions.create_session(owner_id=owner.pk, key="agent:main:s")
+
+
+def stored(session: ChatSession) -> tuple[str, int]:
+    row = ChatSession.objects.get(pk=session.pk)
+    return row.label, row.version
+
+
+def rename_then_fail(session: ChatSession, label: str) -> None:
+    sessions.patch_session(label=label, pk=session.pk)
+    raise RuntimeError("failed after its change")
+
+
+def close_connection() -> None:
+    connection.close()  # looked up when called: the writer thread's own connection
+
+
+@contextlib.contextmanager
+def held(writer: Writer) -> Iterator[None]:
+    """Keep the writer busy: what is submitted meanwhile runs as one batch."""
+    started, release = threading.Event(), threading.Event()
+
+    def hold() -> bool:
+        started.set()
+        return release.wait(WAIT)
+
+    holding = writer.submit(hold, urgent=True)
+    assert started.wait(WAIT)
+    try:
+        yield
+    finally:
+        release.set()
+    assert holding.result(WAIT)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_write_that_fails_in_the_writers_batch_lends_its_row_to_no_event(sent: list[dict[str, Any]]) -> None:
+    """Two renames of one session share a commit; the second fails after its change."""
+    session = new_session()
+    sent.clear()
+    writer = Writer()
+    try:
+        with held(writer):
+            renamed = writer.submit(partial(sessions.patch_session, label="committed", pk=session.pk), urgent=False)
+            failed = writer.submit(partial(rename_then_fail, session, "rolled-back"), urgent=False)
+        assert renamed.result(WAIT).label == "committed"
+        assert isinstance(failed.exception(WAIT), RuntimeError)
+    finally:
+        writer.submit(close_connection, urgent=True).result(WAIT)
+    assert stored(session) == ("committed", session.version + 1)
+    assert row_events(sent) == [("patch", "committed", session.version + 1, False)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_change_rolled_back_with_its_savepoint_is_not_announced(sent: list[dict[str, Any]]) -> None:
+    session = new_session()
+    sent.clear()
+    with transaction.atomic():
+        sessions.patch_session(label="committed", pk=session.pk)
+        with pytest.raises(RuntimeError), transaction.atomic():
+            rename_then_fail(session, "rolled-back")
+    assert stored(session) == ("committed", session.version + 1)
+    assert row_events(sent) == [("patch", "committed", session.version + 1, False)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_change_after_a_rolled_back_first_one_is_announced_alone(sent: list[dict[str, Any]]) -> None:
+    """The holder was made in the savepoint that rolled back: it still announces what followed."""
+    session = new_session()
+    sent.clear()
+    with transaction.atomic():
+        with pytest.raises(RuntimeError), transaction.atomic():
+            rename_then_fail(session, "rolled-back")
+        sessions.patch_session(label="committed", pk=session.pk)
+    assert row_events(sent) == [("patch", "committed", session.version + 1, False)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_deletion_rolled_back_with_its_savepoint_is_not_announced(sent: list[dict[str, Any]]) -> None:
+    session = new_session()
+    sent.clear()
+    with transaction.atomic():
+        sessions.patch_session(label="kept", pk=session.pk)
+        with pytest.raises(RuntimeError), transaction.atomic():
+            sessions.delete_session(pk=session.pk)
+            raise RuntimeError("rolled back")
+    assert stored(session) == ("kept", session.version + 1)
+    assert row_events(sent) == [("patch", "kept", session.version + 1, False)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_committed_deletion_is_the_only_news(sent: list[dict[str, Any]]) -> None:
+    session = new_session()
+    sent.clear()
+    with transaction.atomic():
+        sessions.patch_session(label="renamed", pk=session.pk)
+        sessions.delete_session(pk=session.pk)
+    assert row_events(sent) == [("delete", "renamed", session.version + 2, True)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_holder_left_by_a_rolled_back_transaction_is_not_reused(sent: list[dict[str, Any]]) -> None:
+    """Its unmarked changes would never be sent, but they must not pile up either."""
+    session = new_session()
+    with pytest.raises(RuntimeError), transaction.atomic():
+        rename_then_fail(session, "rolled-back")
+    left = receivers._pending()[session.pk]
+    sent.clear()
+    with transaction.atomic():
+        sessions.patch_session(label="committed", pk=session.pk)
+        holder = receivers._pending()[session.pk]
+        assert holder is not left and [change.reason for change in holder.changes] == ["patch"]
+    assert session.pk not in receivers._pending()
+    assert row_events(sent) == [("patch", "committed", session.version + 1, False)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_django_on_commit_list_behaves_as_the_row_holders_rely_on() -> None:
+    """Pins Django's on-commit bookkeeping (5.2) that `chat.receivers._PendingRow` builds on.
+
+    Entries are `(savepoint ids, func, robust)` tuples; rolling back a savepoint drops the
+    entries naming it and keeps one with no ids; a commit runs the list in order; a full
+    rollback clears it. If an upgrade changes any of this, the receivers must change too.
+    """
+    ran: list[str] = []
+    conn = transaction.get_connection()
+    with transaction.atomic():
+        kept: tuple[set[str], Any, bool] = (set(), partial(ran.append, "kept"), True)
+        conn.run_on_commit.append(kept)
+        with pytest.raises(RuntimeError), transaction.atomic():
+            transaction.on_commit(partial(ran.append, "dropped"), robust=True)
+            sids, _func, robust = conn.run_on_commit[-1]
+            assert sids == set(conn.savepoint_ids) and len(sids) == 1 and robust is True
+            raise RuntimeError("savepoint rolled back")
+        assert conn.run_on_commit == [kept]
+        with transaction.atomic():
+            transaction.on_commit(partial(ran.append, "released"))
+        conn.run_on_commit.append((set(), partial(ran.append, "last"), True))
+        assert ran == []
+    assert ran == ["kept", "released", "last"]  # in list order, after the commit
+    with pytest.raises(RuntimeError), transaction.atomic():
+        conn.run_on_commit.append((set(), partial(ran.append, "discarded"), True))
+        raise RuntimeError("rolled back")
+    assert conn.run_on_commit == [] and ran == ["kept", "released", "last"]
