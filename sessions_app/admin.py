@@ -10,6 +10,7 @@ whatever the size of the tables.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -23,6 +24,7 @@ from django.contrib.admin.views.main import ChangeList
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
+from django.db import transaction
 from django.db.models import F, Q, QuerySet
 from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -34,7 +36,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.text import Truncator
 
 from . import ops_selectors
-from .lifecycle import operators
+from .lifecycle import LifecycleError, SessionNotFound, operators
 from .lifecycle import sessions as session_services
 from .models import (
     ACTIVE_STATES,
@@ -174,6 +176,35 @@ def _too_many(model_admin: admin.ModelAdmin[Any], request: HttpRequest, queryset
         messages.ERROR,
     )
     return True
+
+
+def _skip_reason(exc: LifecycleError) -> str:
+    """Why a row was left alone, as the operator's message says it."""
+    return "deleted meanwhile" if isinstance(exc, SessionNotFound) else exc.message
+
+
+class Skipped:
+    """Rows an action left alone, counted by reason.
+
+    Each row is its own lifecycle call: a session deleted (or changed) by a client or
+    another operator after the change list was built fails that row's call with the
+    service's own error. The action goes on with the other rows and says what it skipped.
+    """
+
+    def __init__(self) -> None:
+        self.reasons: Counter[str] = Counter()
+
+    def add(self, exc: LifecycleError) -> None:
+        self.reasons[_skip_reason(exc)] += 1
+
+    def suffix(self) -> str:
+        """`; skipped 1: deleted meanwhile`, or "" when nothing was skipped."""
+        if not self.reasons:
+            return ""
+        total = sum(self.reasons.values())
+        if len(self.reasons) == 1:
+            return f"; skipped {total}: {next(iter(self.reasons))}"
+        return f"; skipped {total}: " + ", ".join(f"{n} {why}" for why, n in self.reasons.most_common())
 
 
 def _live_ids(request: HttpRequest) -> set[str]:
@@ -535,17 +566,60 @@ class ChatSessionAdmin(RowAnnotationsMixin, admin.ModelAdmin):
     def save_model(self, request: HttpRequest, obj: ChatSession, form: Any, change: bool) -> None:
         """Only the label is editable; it changes through `sessions.patch`'s service."""
         if change and "label" in form.changed_data:
-            session_services.patch_session(pk=obj.pk, label=obj.label, actor=Actor.OPERATOR)
+            try:
+                session_services.patch_session(pk=obj.pk, label=obj.label, actor=Actor.OPERATOR)
+            except LifecycleError as exc:
+                request._agentgate_skipped = _skip_reason(exc)  # type: ignore[attr-defined]  # for response_change
 
-    def delete_model(self, request: HttpRequest, obj: ChatSession) -> None:
-        session_services.delete_session(pk=obj.pk, actor=Actor.OPERATOR)
+    def log_change(self, request: HttpRequest, obj: Any, message: Any) -> Any:
+        if getattr(request, "_agentgate_skipped", None) is not None:
+            return None  # the edit was not made: no "changed" entry
+        return super().log_change(request, obj, message)
 
-    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[ChatSession]) -> None:
+    def response_change(self, request: HttpRequest, obj: ChatSession) -> HttpResponse:
+        reason = getattr(request, "_agentgate_skipped", None)
+        if reason is None:
+            return super().response_change(request, obj)
+        self.message_user(request, f"Skipped the change of the chat session “{obj}”: {reason}.", messages.WARNING)
+        return HttpResponseRedirect(reverse("admin:sessions_app_chatsession_changelist"))
+
+    def log_deletions(self, request: HttpRequest, queryset: QuerySet[ChatSession]) -> Any:
+        """Django logs a deletion before making it; `_delete_one` logs it with the delete instead, so a
+        session someone else deleted meanwhile gets no entry saying this operator deleted it."""
+        return []
+
+    def _delete_one(self, request: HttpRequest, pk: int) -> None:
+        """Log and delete one session in one transaction; the service's error (and no entry) if it is gone."""
+        with transaction.atomic():
+            super().log_deletions(request, ChatSession.objects.filter(pk=pk))
+            session_services.delete_session(pk=pk, actor=Actor.OPERATOR)
+
+    def _delete_each(self, request: HttpRequest, queryset: QuerySet[ChatSession]) -> tuple[int, Skipped]:
+        deleted, skipped = 0, Skipped()
         for pk in list(queryset.values_list("pk", flat=True)):
             try:
-                session_services.delete_session(pk=pk, actor=Actor.OPERATOR)
-            except ChatSession.DoesNotExist:
-                continue  # deleted meanwhile
+                self._delete_one(request, pk)
+            except LifecycleError as exc:
+                skipped.add(exc)
+            else:
+                deleted += 1
+        return deleted, skipped
+
+    def delete_model(self, request: HttpRequest, obj: ChatSession) -> None:
+        try:
+            self._delete_one(request, obj.pk)
+        except LifecycleError as exc:
+            request._agentgate_skipped = _skip_reason(exc)  # type: ignore[attr-defined]  # for response_delete
+
+    def response_delete(self, request: HttpRequest, obj_display: str, obj_id: int) -> HttpResponse:
+        reason = getattr(request, "_agentgate_skipped", None)
+        if reason is None:
+            return super().response_delete(request, obj_display, obj_id)
+        self.message_user(request, f"Skipped the chat session “{obj_display}”: {reason}.", messages.WARNING)
+        return HttpResponseRedirect(reverse("admin:sessions_app_chatsession_changelist"))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[ChatSession]) -> None:
+        self._delete_each(request, queryset)
 
     def get_deleted_objects(
         self, objs: Any, request: HttpRequest
@@ -566,10 +640,20 @@ class ChatSessionAdmin(RowAnnotationsMixin, admin.ModelAdmin):
 
     @admin.action(description="Delete selected chat sessions", permissions=["delete"])
     def delete_selected(self, request: HttpRequest, queryset: QuerySet[ChatSession]) -> HttpResponse | None:
-        """Django's delete confirmation, for at most GATEWAY_ADMIN_BULK_LIMIT sessions at a time."""
+        """Django's delete confirmation, for at most GATEWAY_ADMIN_BULK_LIMIT sessions at a time.
+
+        The confirmed delete is ours: Django's would count every selected row as deleted.
+        """
         if _too_many(self, request, queryset, "delete idle sessions with `manage.py prune_sessions`."):
             return None
-        return django_delete_selected(self, request, queryset)
+        if not request.POST.get("post"):
+            return django_delete_selected(self, request, queryset)
+        if not self.has_delete_permission(request):
+            raise PermissionDenied
+        deleted, skipped = self._delete_each(request, queryset)
+        level = messages.SUCCESS if deleted else messages.WARNING
+        self.message_user(request, f"Deleted {deleted} chat session(s){skipped.suffix()}.", level)
+        return None
 
     @admin.action(description="Abort active and queued runs", permissions=["change"])
     def abort_runs(self, request: HttpRequest, queryset: QuerySet[ChatSession]) -> HttpResponse | None:
@@ -585,16 +669,24 @@ class ChatSessionAdmin(RowAnnotationsMixin, admin.ModelAdmin):
             Q(active_run__isnull=False) | Q(pk__in=Run.objects.filter(state=RunState.QUEUED).values("session_id"))
         )
         sessions = runs = 0
-        for session in busy.only("pk", "key"):
-            _session, killed = session_services.abort_all(pk=session.pk, stop_reason="operator", actor=Actor.OPERATOR)
+        skipped = Skipped()
+        for session in list(busy.only("pk", "key")):
+            try:
+                _session, killed = session_services.abort_all(
+                    pk=session.pk, stop_reason="operator", actor=Actor.OPERATOR
+                )
+            except LifecycleError as exc:
+                skipped.add(exc)
+                continue
             if killed:
                 sessions += 1
                 runs += len(killed)
                 self.log_change(request, session, f"Aborted runs: {', '.join(killed)}")
         if runs:
-            self.message_user(request, f"Aborted {runs} run(s) in {sessions} session(s).", messages.SUCCESS)
+            text, level = f"Aborted {runs} run(s) in {sessions} session(s){skipped.suffix()}.", messages.SUCCESS
         else:
-            self.message_user(request, "No active or queued runs in the selected sessions.", messages.WARNING)
+            text, level = f"No active or queued runs in the selected sessions{skipped.suffix()}.", messages.WARNING
+        self.message_user(request, text, level)
         return self._back(request)
 
     @admin.action(description="Mark the active run failed…", permissions=["change"])
@@ -605,15 +697,22 @@ class ChatSessionAdmin(RowAnnotationsMixin, admin.ModelAdmin):
         if form.is_bound and form.is_valid():
             reason = f"{form.cleaned_data['reason']} (by {request.user.get_username()})"
             done: list[str] = []
-            for session in queryset.filter(active_run__isnull=False).only("pk", "key"):
-                ended = operators.mark_failed(session.pk, reason_text=reason, actor=Actor.OPERATOR)
+            skipped = Skipped()
+            for session in list(queryset.filter(active_run__isnull=False).only("pk", "key")):
+                try:
+                    ended = operators.mark_failed(session.pk, reason_text=reason, actor=Actor.OPERATOR)
+                except LifecycleError as exc:
+                    skipped.add(exc)
+                    continue
                 if ended:
                     done += ended
                     self.log_change(request, session, f"Marked run {ended[0]} failed: {reason}")
             if done:
-                self.message_user(request, f"Marked {len(done)} run(s) failed: {', '.join(done)}.", messages.SUCCESS)
+                text = f"Marked {len(done)} run(s) failed: {', '.join(done)}{skipped.suffix()}."
+                self.message_user(request, text, messages.SUCCESS)
             else:
-                self.message_user(request, "None of the selected sessions had an active run.", messages.WARNING)
+                text = f"None of the selected sessions had an active run{skipped.suffix()}."
+                self.message_user(request, text, messages.WARNING)
             return self._back(request)
         context = {
             **self.admin_site.each_context(request),
@@ -634,11 +733,17 @@ class ChatSessionAdmin(RowAnnotationsMixin, admin.ModelAdmin):
         if _too_many(self, request, queryset, "delete idle sessions with `manage.py prune_sessions`."):
             return None
         count = 0
-        for session in queryset.only("pk", "key"):
-            _session, killed = session_services.reset_session(pk=session.pk, actor=Actor.OPERATOR)
+        skipped = Skipped()
+        for session in list(queryset.only("pk", "key")):
+            try:
+                _session, killed = session_services.reset_session(pk=session.pk, actor=Actor.OPERATOR)
+            except LifecycleError as exc:
+                skipped.add(exc)
+                continue
             count += 1
             self.log_change(request, session, "Reset" + (f"; aborted {', '.join(killed)}" if killed else ""))
-        self.message_user(request, f"Reset {count} session(s).", messages.SUCCESS)
+        level = messages.SUCCESS if count else messages.WARNING
+        self.message_user(request, f"Reset {count} session(s){skipped.suffix()}.", level)
         return self._back(request)
 
 
@@ -769,20 +874,25 @@ class RunAdmin(RowAnnotationsMixin, admin.ModelAdmin):
         if _too_many(self, request, queryset, "end dead-process runs with `manage.py recover_runs`."):
             return
         aborted: list[str] = []
-        for run in self.annotate_rows(queryset, request).filter(state__in=(RunState.QUEUED, *ACTIVE_STATES)):
-            outcome = session_services.abort(
-                owner_id=run.session_owner_id,
-                key=run.session_key,
-                run_id=run.run_id,
-                owner_process="",
-                stop_reason="operator",
-                actor=Actor.OPERATOR,
-            )
+        skipped = Skipped()
+        for run in list(self.annotate_rows(queryset, request).filter(state__in=(RunState.QUEUED, *ACTIVE_STATES))):
+            try:
+                outcome = session_services.abort(
+                    owner_id=run.session_owner_id,
+                    key=run.session_key,
+                    run_id=run.run_id,
+                    owner_process="",
+                    stop_reason="operator",
+                    actor=Actor.OPERATOR,
+                )
+            except LifecycleError as exc:  # its session was deleted meanwhile (and the run with it)
+                skipped.add(exc)
+                continue
             if outcome.aborted:
                 aborted += outcome.run_ids
                 self.log_change(request, run, "Aborted by operator")
         level = messages.SUCCESS if aborted else messages.WARNING
-        self.message_user(request, f"Aborted {len(aborted)} run(s).", level)
+        self.message_user(request, f"Aborted {len(aborted)} run(s){skipped.suffix()}.", level)
 
 
 # --- API tokens -------------------------------------------------------------------------------------------

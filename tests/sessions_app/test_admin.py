@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from datetime import timedelta
 from http import HTTPStatus
 from typing import Any
 
 import pytest
 from channels.db import database_sync_to_async
-from django.contrib.admin.models import LogEntry
+from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.auth import get_user_model
+from django.contrib.messages import get_messages
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext, override_settings
@@ -18,6 +20,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from sessions_app import ops_selectors
+from sessions_app.lifecycle import operators
 from sessions_app.lifecycle import sessions as session_services
 from sessions_app.models import ApiToken, ChatSession, LifecycleEvent, Run, RunState, SessionStatus
 from sessions_app.seed import seed_demo_data
@@ -273,6 +276,150 @@ def test_label_edit_goes_through_the_lifecycle(admin_client: Client, db: None) -
     session.refresh_from_db()
     assert session.label == "Renamed" and session.version == 2
     assert LifecycleEvent.objects.filter(session=session, reason="patch", actor="operator").exists()
+
+
+# --- a session deleted between the change list and the action ------------------------------------------------------
+#
+# The action has read its rows; a client deletes one of them (`sessions.delete`, through the
+# lifecycle) before the action reaches it, so that row's lifecycle call finds it gone. The
+# wrapper below changes no service: it only makes that delete happen right before the first
+# call the action makes, whichever row that is for.
+
+
+def delete_before_first_call(monkeypatch: pytest.MonkeyPatch, module: Any, name: str, victim: ChatSession) -> None:
+    real = getattr(module, name)
+    delete = session_services.delete_session  # the real one, even when `name` is delete_session
+    calls: list[object] = []
+
+    def ordered(*args: Any, **kwargs: Any) -> Any:
+        if not calls:
+            delete(owner_id=victim.owner_id, key=victim.key, actor="user")
+        calls.append(args or kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, ordered)
+
+
+def admin_messages(res: Any) -> list[str]:
+    return [str(m) for m in get_messages(res.wsgi_request)]
+
+
+def three_busy_sessions() -> tuple[list[ChatSession], list[Run]]:
+    owner = opsdata.user()
+    runs = [opsdata.send(owner, f"busy-{n}", f"x{n}") for n in range(3)]
+    return [opsdata.session_of(r) for r in runs], runs
+
+
+def logged_changes(session: ChatSession) -> int:
+    return LogEntry.objects.filter(object_id=str(session.pk), action_flag=CHANGE).count()
+
+
+@pytest.mark.parametrize(
+    ("action", "module", "name", "extra", "message"),
+    [
+        (
+            "abort_runs",
+            session_services,
+            "abort_all",
+            {},
+            r"Aborted 2 run\(s\) in 2 session\(s\); skipped 1: deleted meanwhile\.",
+        ),
+        (
+            "mark_failed",
+            operators,
+            "mark_failed",
+            {"apply": "yes", "reason": "backend wedged"},
+            r"Marked 2 run\(s\) failed: (x0, x2|x2, x0); skipped 1: deleted meanwhile\.",
+        ),
+        (
+            "reset_sessions",
+            session_services,
+            "reset_session",
+            {},
+            r"Reset 2 session\(s\); skipped 1: deleted meanwhile\.",
+        ),
+    ],
+)
+def test_session_action_skips_a_session_deleted_meanwhile(
+    admin_client: Client,
+    db: None,
+    monkeypatch: pytest.MonkeyPatch,
+    action: str,
+    module: Any,
+    name: str,
+    extra: dict[str, str],
+    message: str,
+) -> None:
+    (first, victim, last), runs = three_busy_sessions()
+    delete_before_first_call(monkeypatch, module, name, victim)
+    res = post_action(admin_client, action, [first, victim, last], **extra)
+    assert res.status_code == HTTPStatus.FOUND
+    (shown,) = admin_messages(res)
+    assert re.fullmatch(message, shown), shown  # the rows are acted on newest first
+    assert not ChatSession.objects.filter(pk=victim.pk).exists()
+    expected = {"abort_runs": RunState.KILLED, "mark_failed": RunState.FAILED, "reset_sessions": RunState.KILLED}[
+        action
+    ]
+    for session, run in ((first, runs[0]), (last, runs[2])):
+        run.refresh_from_db()
+        assert run.state == expected
+        assert LifecycleEvent.objects.filter(run=run, to_state=expected, actor="operator").exists()
+        assert logged_changes(session) == 1
+    if action == "reset_sessions":
+        assert LifecycleEvent.objects.filter(session__in=[first, last], reason="reset", actor="operator").count() == 2
+
+
+def test_bulk_delete_skips_a_session_deleted_meanwhile(
+    admin_client: Client, db: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (first, victim, last), _runs = three_busy_sessions()
+    delete_before_first_call(monkeypatch, session_services, "delete_session", victim)
+    res = post_action(admin_client, "delete_selected", [first, victim, last], post="yes")
+    assert res.status_code == HTTPStatus.FOUND
+    assert admin_messages(res) == ["Deleted 2 chat session(s); skipped 1: deleted meanwhile."]
+    assert not ChatSession.objects.exists() and not Run.objects.exists()
+    deletions = LogEntry.objects.filter(action_flag=DELETION)
+    assert sorted(deletions.values_list("object_id", flat=True)) == sorted([str(first.pk), str(last.pk)])
+
+
+def test_delete_page_of_a_session_deleted_meanwhile(
+    admin_client: Client, db: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session = opsdata.session_of(opsdata.send(opsdata.user(), "busy", "d1"))
+    delete_before_first_call(monkeypatch, session_services, "delete_session", session)
+    res = admin_client.post(reverse("admin:sessions_app_chatsession_delete", args=[session.pk]), {"post": "yes"})
+    assert res.status_code == HTTPStatus.FOUND and res["Location"] == reverse(CHANGELIST)
+    assert admin_messages(res) == [f"Skipped the chat session “{session.key}”: deleted meanwhile."]
+    assert not LogEntry.objects.filter(action_flag=DELETION).exists()  # the client deleted it, not this operator
+
+
+def test_label_edit_of_a_session_deleted_meanwhile(
+    admin_client: Client, db: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session = session_services.create_session(owner_id=opsdata.user().pk, key="agent:main:label-me")
+    delete_before_first_call(monkeypatch, session_services, "patch_session", session)
+    url = reverse("admin:sessions_app_chatsession_change", args=[session.pk])
+    res = admin_client.post(url, {"label": "Renamed", "runs-TOTAL_FORMS": "0", "runs-INITIAL_FORMS": "0"})
+    assert res.status_code == HTTPStatus.FOUND and res["Location"] == reverse(CHANGELIST)
+    assert admin_messages(res) == [f"Skipped the change of the chat session “{session.key}”: deleted meanwhile."]
+    assert not LogEntry.objects.filter(action_flag=CHANGE).exists()
+
+
+def test_run_abort_skips_a_run_whose_session_was_deleted_meanwhile(
+    admin_client: Client, db: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (_first, victim, _last), runs = three_busy_sessions()
+    delete_before_first_call(monkeypatch, session_services, "abort", victim)
+    url = reverse("admin:sessions_app_run_changelist")
+    res = admin_client.post(url, {"action": "abort_selected", "_selected_action": [r.pk for r in runs], "index": "0"})
+    assert res.status_code == HTTPStatus.FOUND
+    assert admin_messages(res) == ["Aborted 2 run(s); skipped 1: deleted meanwhile."]
+    for run in (runs[0], runs[2]):
+        run.refresh_from_db()
+        assert run.state == RunState.KILLED and run.stop_reason == "operator"
+        assert LifecycleEvent.objects.filter(run=run, to_state=RunState.KILLED, actor="operator").exists()
+        assert LogEntry.objects.filter(object_id=str(run.pk), action_flag=CHANGE).exists()
+    assert not Run.objects.filter(pk=runs[1].pk).exists()
 
 
 # --- API tokens ------------------------------------------------------------------------------------------------------
