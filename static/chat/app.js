@@ -8,6 +8,7 @@ import {
   canonicalKey,
   conversation,
   editTarget,
+  failureText,
   formatDetails,
   initialState,
   outbox,
@@ -369,10 +370,10 @@ async function stopRuns() {
       : [client.request("chat.abort", { sessionKey: key })];
     const results = await Promise.all(calls);
     const failed = results.find((r) => !r.ok);
-    if (failed) dispatch({ type: "notice", text: `Could not stop: ${failed.error.message}` });
+    if (failed) dispatch({ type: "notice", text: failureText("Stop", failed.error) });
     else if (results.every((r) => !r.payload.aborted)) requestHistory(key); // it had ended already: resync
-  } catch {
-    dispatch({ type: "notice", text: "Not connected; Stop needs the connection." });
+  } catch (error) {
+    reportFailure("Stop", error);
   } finally {
     stopping = false;
     scheduleRender();
@@ -380,26 +381,40 @@ async function stopRuns() {
 }
 
 async function cancelQueued(key, runId) {
-  try {
-    const res = await client.request("chat.abort", { sessionKey: key, runId });
-    if (!res.ok) dispatch({ type: "notice", text: `Could not cancel: ${res.error.message}` });
-  } catch {
-    dispatch({ type: "notice", text: "Not connected; try again when the connection is back." });
-  }
+  await call("chat.abort", { sessionKey: key, runId }, "Cancel");
 }
 
-async function call(method, params) {
+/** A notice saying what failed (`failureText`); a fault in this page also goes to the console, with its stack. */
+function reportFailure(what, error) {
+  if (!(error && error.name === "RequestError") && error instanceof Error) console.error(error);
+  dispatch({ type: "notice", text: failureText(what, error) });
+}
+
+/** One request whose failure becomes a notice saying what failed; its payload, or null. */
+async function call(method, params, what = method) {
+  let res;
   try {
-    const res = await client.request(method, params);
-    if (!res.ok) {
-      dispatch({ type: "notice", text: `${method} failed: ${res.error.message || res.error.code}` });
-      return null;
-    }
-    return res.payload;
-  } catch {
-    dispatch({ type: "notice", text: "Not connected; try again when the connection is back." });
+    res = await client.request(method, params);
+  } catch (error) {
+    reportFailure(what, error); // no answer: not connected, timed out, or a fault in this page
     return null;
   }
+  if (!res.ok) {
+    reportFailure(what, res.error); // the gateway's own error
+    return null;
+  }
+  return res.payload;
+}
+
+/** A user action whose own exceptions (faults in this page, not gateway errors) become a notice naming them. */
+function guarded(what, action) {
+  return async (...args) => {
+    try {
+      await action(...args);
+    } catch (error) {
+      reportFailure(what, error);
+    }
+  };
 }
 
 function selectSession(key) {
@@ -956,10 +971,10 @@ els.sessionList.addEventListener(
   },
   { passive: true },
 );
-els.newSession.addEventListener("click", newSession);
-els.rename.addEventListener("click", renameSession);
-els.reset.addEventListener("click", resetSession);
-els.remove.addEventListener("click", deleteSession);
+els.newSession.addEventListener("click", guarded("New chat", newSession));
+els.rename.addEventListener("click", guarded("Rename", renameSession));
+els.reset.addEventListener("click", guarded("Reset", resetSession));
+els.remove.addEventListener("click", guarded("Delete", deleteSession));
 els.noticeClose.addEventListener("click", () => dispatch({ type: "notice", text: null }));
 els.loadOlder.addEventListener("click", () => requestOlder(state.currentKey));
 els.messages.addEventListener(

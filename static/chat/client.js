@@ -10,10 +10,20 @@ export function backoffDelay(attempt, { baseMs = 300, maxMs = 5000, random = Mat
   return Math.round(raw * (0.75 + random() * 0.5));
 }
 
+/** A request that got no answer: DISCONNECTED (no connection, or it closed first) or TIMEOUT. */
 export class RequestError extends Error {
-  constructor(code, message) {
+  /**
+   * @param {string} code DISCONNECTED or TIMEOUT
+   * @param {string} message
+   * @param {{sent?: boolean, timeoutMs?: number|null}} [info] whether the request went out (then it may have
+   *   taken effect), and the timeout it ran into
+   */
+  constructor(code, message, { sent = false, timeoutMs = null } = {}) {
     super(message);
+    this.name = "RequestError";
     this.code = code;
+    this.sent = sent;
+    this.timeoutMs = timeoutMs;
   }
 }
 
@@ -73,7 +83,8 @@ export class GatewayClient {
 
   /**
    * Send a request; resolves with the response frame ({ok, payload, error}) whatever `ok` is.
-   * Rejects with RequestError DISCONNECTED when the socket is not ready or closes first.
+   * Rejects with RequestError DISCONNECTED when the socket is not ready or closes first, and
+   * TIMEOUT when no answer comes within `timeoutMs`.
    */
   request(method, params = {}, timeoutMs = 30000) {
     if (!this.ready || !this.ws) return Promise.reject(new RequestError("DISCONNECTED", "not connected"));
@@ -85,7 +96,7 @@ export class GatewayClient {
     return new Promise((resolve, reject) => {
       const timer = setTimeout(() => {
         this.pending.delete(id);
-        reject(new RequestError("TIMEOUT", `no response to ${method}`));
+        reject(new RequestError("TIMEOUT", `no response to ${method}`, { sent: true, timeoutMs }));
       }, timeoutMs);
       this.pending.set(id, { resolve, reject, timer });
       try {
@@ -184,7 +195,7 @@ export class GatewayClient {
     this.ws = null;
     for (const [id, waiter] of this.pending) {
       clearTimeout(waiter.timer);
-      waiter.reject(new RequestError("DISCONNECTED", "connection closed"));
+      waiter.reject(new RequestError("DISCONNECTED", "connection closed", { sent: true }));
       this.pending.delete(id);
     }
     let retryInMs = null;

@@ -126,6 +126,36 @@ export function formatDetails(details) {
   return parts.join(" · ");
 }
 
+/**
+ * The notice for `what` (a method such as `sessions.create`, or a page action) that failed, saying what
+ * failed. `error` is what the failure left:
+ * - a gateway error response's `error` ({code, message, retryAfterMs?}): its message and code;
+ * - a client RequestError TIMEOUT: no answer in time (the connection may well be up);
+ * - a client RequestError DISCONNECTED: not connected, the only failure that says so, and whether the
+ *   request went out before the socket closed;
+ * - any other exception: a fault in this page, by its name and message.
+ */
+export function failureText(what, error) {
+  if (error && error.name === "RequestError") {
+    if (error.code === "TIMEOUT") {
+      const within = error.timeoutMs ? ` within ${Math.round(error.timeoutMs / 1000)} s` : "";
+      return `${what} timed out: no answer from the gateway${within}. It may still take effect; check before trying again.`;
+    }
+    if (error.code === "DISCONNECTED") {
+      return error.sent
+        ? `Not connected: the connection closed before ${what} was answered. Check whether it took effect once the connection is back.`
+        : `Not connected: ${what} was not sent. Try again when the connection is back.`;
+    }
+  }
+  if (error instanceof Error) return `${what} failed in this page: ${error.name}: ${error.message}`;
+  if (error && typeof error === "object" && (error.code || error.message)) {
+    const code = error.code || "ERROR";
+    const retry = error.retryAfterMs ? `; try again in ${Math.ceil(error.retryAfterMs / 1000)} s` : "";
+    return error.message ? `${what} failed: ${error.message} (${code}${retry})` : `${what} failed: ${code}${retry}`;
+  }
+  return `${what} failed: ${error == null ? "no reason given" : String(error)}`;
+}
+
 function textOf(message) {
   if (!message || !Array.isArray(message.content)) return null;
   return message.content

@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { afterEach, test } from "node:test";
 
-import { backoffDelay, GatewayClient } from "../../static/chat/client.js";
+import { backoffDelay, GatewayClient, RequestError } from "../../static/chat/client.js";
 
 const sockets = [];
 
@@ -149,4 +149,21 @@ test("reconnectNow while waiting out the backoff connects at once", async () => 
   sockets[1].answer("connect", { protocol: 4 });
   await tick();
   assert.equal(client.ready, true);
+});
+
+test("a request without an answer says why: not sent, closed after it went out, or timed out", async () => {
+  makeClient();
+  await tick(5);
+  await assert.rejects(client.request("sessions.create"), (err) => {
+    assert.ok(err instanceof RequestError);
+    assert.deepEqual([err.name, err.code, err.sent], ["RequestError", "DISCONNECTED", false]);
+    return true;
+  });
+  sockets[0].answer("connect", { protocol: 4 });
+  await tick();
+  const slow = client.request("sessions.create", {}, 20);
+  await assert.rejects(slow, { name: "RequestError", code: "TIMEOUT", sent: true, timeoutMs: 20 });
+  const cut = client.request("sessions.delete", { sessionKey: "main" });
+  sockets[0].close(1006);
+  await assert.rejects(cut, { name: "RequestError", code: "DISCONNECTED", sent: true });
 });

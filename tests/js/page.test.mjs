@@ -10,6 +10,7 @@ import {
   conversation,
   detailsOf,
   editTarget,
+  failureText,
   formatDetails,
   initialState,
   policyFrom,
@@ -19,6 +20,7 @@ import {
   storedDrafts,
   storedOutbox,
 } from "../../static/chat/state.js";
+import { RequestError } from "../../static/chat/client.js";
 
 const KEY = "agent:main:main";
 const GEN = "11111111-1111-1111-1111-111111111111";
@@ -239,5 +241,40 @@ describe("offline outbox and drafts", () => {
     assert.deepEqual(storedDrafts(s), { [KEY]: "half a thought" });
     s = reduce(s, { type: "draft/set", key: KEY, text: "  " });
     assert.deepEqual(storedDrafts(s), {});
+  });
+});
+
+describe("failure notices say what failed", () => {
+  test("a gateway error response: its message and code, and when to retry", () => {
+    const text = failureText("sessions.create", { code: "NOT_FOUND", message: "unknown agent: ghost", details: { field: "agentId" } });
+    assert.equal(text, "sessions.create failed: unknown agent: ghost (NOT_FOUND)");
+    assert.equal(
+      failureText("sessions.patch", { code: "RATE_LIMITED", message: "too many requests on this connection", retryAfterMs: 1200 }),
+      "sessions.patch failed: too many requests on this connection (RATE_LIMITED; try again in 2 s)",
+    );
+    assert.equal(failureText("sessions.reset", { code: "INTERNAL" }), "sessions.reset failed: INTERNAL");
+  });
+
+  test("a timeout is a timeout, not a lost connection", () => {
+    const text = failureText("sessions.create", new RequestError("TIMEOUT", "no response to sessions.create", { sent: true, timeoutMs: 30000 }));
+    assert.equal(text, "sessions.create timed out: no answer from the gateway within 30 s. It may still take effect; check before trying again.");
+    assert.doesNotMatch(text, /not connected/i);
+  });
+
+  test("only a closed socket says not connected, and whether the request went out", () => {
+    assert.equal(
+      failureText("sessions.create", new RequestError("DISCONNECTED", "not connected")),
+      "Not connected: sessions.create was not sent. Try again when the connection is back.",
+    );
+    assert.equal(
+      failureText("sessions.delete", new RequestError("DISCONNECTED", "connection closed", { sent: true })),
+      "Not connected: the connection closed before sessions.delete was answered. Check whether it took effect once the connection is back.",
+    );
+  });
+
+  test("an exception in the page is named as one", () => {
+    const text = failureText("New chat", new TypeError("Cannot read properties of undefined (reading 'key')"));
+    assert.equal(text, "New chat failed in this page: TypeError: Cannot read properties of undefined (reading 'key')");
+    assert.equal(failureText("Rename", undefined), "Rename failed: no reason given");
   });
 });
