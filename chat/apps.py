@@ -15,8 +15,8 @@ class ChatConfig(AppConfig):
 
         from sessions_app import signals
 
-        # On import, metrics registers its collectors and agent_method the `agent` method.
-        from . import access, agent_method, metrics, receivers  # noqa: F401
+        # On import, metrics registers its collectors, agent_method the `agent` method, checks its system checks.
+        from . import access, agent_method, checks, metrics, receivers  # noqa: F401
 
         signals.run_transitioned.connect(receivers.on_run_transitioned, dispatch_uid="chat-run-transitioned")
         signals.session_changed.connect(receivers.on_session_changed, dispatch_uid="chat-session-changed")

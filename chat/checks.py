@@ -1,0 +1,36 @@
+"""System checks of the gateway's configuration (run by `manage.py serve`, `migrate`, `check`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core import checks
+
+from .protocol import AGENT_ID_RE
+
+
+@checks.register()
+def agent_table(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Every configured agent can be named: an id the protocol refuses would be offered by
+    `agents.list` and then refused on every new chat (`agent:<id>:<name>` keys)."""
+    errors: list[checks.CheckMessage] = []
+    for agent_id, config in settings.GATEWAY_AGENTS.items():
+        if not isinstance(agent_id, str) or not AGENT_ID_RE.fullmatch(agent_id):
+            errors.append(
+                checks.Error(
+                    f"GATEWAY_AGENTS: agent id {agent_id!r} is not allowed",
+                    hint=f"agent ids match {AGENT_ID_RE.pattern} (letters, digits, '_' and '-'); "
+                    'name the agent apart from its model, e.g. \'gpt41\': {"model": "gpt-4.1", ...}',
+                    id="agentgate.E001",
+                )
+            )
+        elif not isinstance(config, dict):
+            errors.append(
+                checks.Error(
+                    f"GATEWAY_AGENTS: agent {agent_id!r} must be an object (its backend, model, ...)",
+                    hint='e.g. {"backend": "openai", "model": "gpt-4.1"}',
+                    id="agentgate.E002",
+                )
+            )
+    return errors
