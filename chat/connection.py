@@ -22,6 +22,9 @@ from .protocol import Scope
 from .repair import Snapshot
 
 MAX_TRACKED_RUNS = 2000
+# An event of a run unknown here written this long before the connection opened is not its news
+# (some slack for the clocks of the processes, which write events and open connections).
+STALE_EVENT_SECONDS = 2.0
 MAX_TRACKED_ROWS = 5000
 Event = tuple[str, dict[str, Any]]
 
@@ -97,9 +100,19 @@ class ConnectionState:
         return own or (self.subscribed_all and self.is_admin)
 
     def admit_chat(self, run_pk: int, payload: dict[str, Any]) -> bool:
-        """Whether this run event is news here: in `seq` order, nothing after a terminal."""
+        """Whether this run event is news here: in `seq` order, nothing after a terminal, and
+        not an event of a run it never knew that was written before it connected.
+
+        A layer that lags (a loaded process) may hand a new connection events seconds old.
+        Taken, they would make it follow a run that, as like as not, ended before it
+        connected; repair (like `repair_events`' ended runs) never tells a connection of
+        those. What it knows of such runs comes from `sessions.list` and `chat.history`.
+        """
         view = self.runs.get(run_pk)
         if view is None:
+            written = payload.get("at")  # layer messages say when they were written (`delivery.chat_message`)
+            if written is not None and written < self.connected_at.timestamp() - STALE_EVENT_SECONDS:
+                return False
             view = RunView(payload["runId"], payload["sessionKey"], payload["sessionId"])
             self._remember(run_pk, view)
         self.runs.move_to_end(run_pk)

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
@@ -42,6 +43,7 @@ def chat_message(owner_id: int, run_pk: int, payload: dict[str, Any]) -> dict[st
         "sessionId": payload["sessionId"],
         "seq": payload["seq"],
         "state": payload["state"],
+        "at": time.time(),  # when it was written: a connection opened well after it is not its audience
         "json": encode(payload),
         "payload": payload,
     }

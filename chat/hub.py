@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections import defaultdict
 from typing import Any, Protocol
@@ -139,6 +140,9 @@ class Hub:
         the operators' group says so (`via`).
         """
         if str(message.get("type", "")).startswith("gateway."):
+            written = message.get("at")
+            if written is not None:
+                metrics.EVENT_DELIVERY_LAG.observe(max(0.0, time.time() - written))
             group = groups.OPERATORS if message.get("via") == "operators" else groups.user_group(message["owner"])
             for member in list(self.members.get(group, ())):
                 try:
@@ -175,8 +179,8 @@ class Hub:
                     await self._open(process_group)
                 health.ok("listener")
                 delay = 1.0
-                while self.task is me and self.channel is not None:
-                    message = await layer.receive(self.channel)
+                while self.task is me and (channel := self.channel) is not None:
+                    message = await layer.receive(channel)
                     health.ok("listener")
                     await self.deliver(message)
             except asyncio.CancelledError:

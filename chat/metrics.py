@@ -110,6 +110,12 @@ SWEEP_RUNS_ENDED = Counter("agentgate_sweep_runs_ended", "Runs of dead processes
 SWEEP_PROCESSES_FORGOTTEN = Counter(
     "agentgate_sweep_processes_forgotten", "Rows of long-dead processes deleted by this process's sweep."
 )
+EVENT_DELIVERY_LAG = Histogram(
+    "agentgate_event_delivery_lag_seconds",
+    "Age of a run event when this process's hub hands it to its connections (broadcast queue plus channel "
+    "layer): seconds of lag here mean live streaming is that late (terminals still come through repair).",
+    buckets=(*LATENCY_BUCKETS, 30.0, 60.0),
+)
 BACKGROUND_RESTARTS = Counter(
     "agentgate_background_loop_restarts", "Background loops restarted after a failure, by loop.", ["loop"]
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from django.utils import timezone
 
 from chat import wire
@@ -110,3 +111,35 @@ def test_repair_of_rows_and_deletions() -> None:
         ("sessions.changed", "delete", "gone"),
     ]
     assert events[1][1]["session"]["deleted"] is True and events[1][1]["session"]["version"] == 4
+
+
+def test_an_unknown_runs_event_written_well_before_the_connection_is_not_its_news() -> None:
+    """A lagging layer hands a new connection old events: taken, it would follow a run that
+    ended before it connected, whose terminal no repair sends it."""
+    from chat.delivery import chat_message
+
+    s = state()
+    opened = s.connected_at.timestamp()
+    stale = {**chat_message(1, 7, chat("old", 1, "status")), "at": opened - 10}
+    assert not s.admit_chat(7, stale) and 7 not in s.runs
+    slack = {**chat_message(1, 8, chat("close", 1, "status")), "at": opened - 1}  # within the clocks' slack
+    assert s.admit_chat(8, slack)
+    s.track_run(9, terminal=False, run_id="known", session_key="agent:main:main", session_id="g")
+    known = {**chat_message(1, 9, chat("known", 2)), "at": opened - 10}  # acked here: its events are news
+    assert s.admit_chat(9, known)
+    assert s.admit_chat(10, chat_message(1, 10, chat("new", 1, "status")))  # written now
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_new_connection_is_not_handed_a_stale_event_by_the_hub(client: Any) -> None:
+    from chat.delivery import chat_message
+    from chat.runtime.gateway import runtime
+
+    conn = next(iter(runtime.connections))
+    owner = conn.state.user_id
+    stale = {**chat_message(owner, 99, chat("ancient", 1, "status")), "at": conn.state.connected_at.timestamp() - 30}
+    fresh = chat_message(owner, 100, chat("recent", 1, "status"))
+    await runtime.hub.deliver(stale)
+    await runtime.hub.deliver(fresh)
+    await client.drain(0.3)
+    assert [e["payload"]["runId"] for e in client.events if e["event"] == "chat"] == ["recent"]

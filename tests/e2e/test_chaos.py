@@ -190,6 +190,29 @@ class Chaos:
         await asyncio.to_thread(self.c.restart, victim)
 
 
+def delivery_lag(server: Any) -> tuple[float, float] | None:
+    """(mean, p99 upper bound) of the event delivery lag this process's hub measured, in seconds."""
+    try:
+        _status, text = server.get("/metrics")
+    except Exception:
+        return None
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(text):
+        if family.name != "agentgate_event_delivery_lag_seconds":
+            continue
+        values = {(s.name, s.labels.get("le")): s.value for s in family.samples}
+        count = values.get(("agentgate_event_delivery_lag_seconds_count", None), 0.0)
+        if not count:
+            return None
+        buckets = sorted(
+            (float(le), v) for (name, le), v in values.items() if name.endswith("_bucket") and le is not None
+        )
+        p99 = next(le for le, v in buckets if v >= 0.99 * count)
+        return round(values[("agentgate_event_delivery_lag_seconds_sum", None)] / count, 3), p99
+    return None
+
+
 def open_runs_count(c: Cluster) -> int:
     ((n,),) = c.query("select count(*) from sessions_app_run where state in ('queued','dispatching','running')")
     return int(n)
@@ -305,6 +328,25 @@ async def test_chaos(tmp_path: Path) -> None:
                 check_life(life, existing, {}, again, survivor=id(life) in live_ids, stored=stored)
             missing = [p for p in again if "terminals on a connection that stayed" in p]
             print(f"chaos: after {time.monotonic() - waited:.0f}s more, {len(missing)} still missing: {missing[:5]}")
+            for index, server in enumerate(c.servers):
+                with contextlib.suppress(Exception):
+                    _status, text = server.get("/metrics")
+                    wanted = ("agentgate_repair_passes", "redis_connections", "background_loop", "channel_layer_fail")
+                    lines = [
+                        line
+                        for line in text.splitlines()
+                        if not line.startswith("#") and any(w in line for w in wanted)
+                    ]
+                    print(f"chaos: process {index} ({server.port}): {lines}")
+            with contextlib.suppress(Exception):
+                import redis
+
+                r = redis.Redis.from_url(c.env["REDIS_URL"])
+                sizes = {
+                    key.decode(): r.zcard(key) if r.type(key) == b"zset" else r.type(key).decode()
+                    for key in r.scan_iter(match=f"{c.env['REDIS_LAYER_PREFIX']}*", count=1000)
+                }
+                print(f"chaos: redis keys {sizes}")
         expected = {r["key"]: r for r in fresh}
         late = [
             life
@@ -336,6 +378,7 @@ async def test_chaos(tmp_path: Path) -> None:
         bad = [(where, row) for where, row in chaos.rows_seen if contradictions(row)]
         problems.extend(f"{where}: self-contradicting row {row}" for where, row in bad[:5])
 
+        lag = [delivery_lag(server) for server in c.servers]
         doctor = manage(c.env, "gateway_doctor", "--json", timeout=60)  # raises unless it exits 0
         logs = c.logs()
         tracebacks = logs.count("Traceback")
@@ -350,6 +393,7 @@ async def test_chaos(tmp_path: Path) -> None:
             "killed": chaos.killed,
             "problems": len(problems),
             "tracebacks": tracebacks,
+            "event_lag_s": lag,  # per process: (mean, p99 bucket) of agentgate_event_delivery_lag_seconds
         }
         print("chaos:", json.dumps(summary))
         assert chaos.killed and chaos.actions["send"] > 100 and len(chaos.lives) > CONNECTIONS
