@@ -29,7 +29,8 @@ CORE_SUITES = [
     "tests/chat/test_fuzz_frames.py",
 ]
 
-pytestmark = [pytest.mark.postgres, pytest.mark.redis]
+# The child run has its own per-test timeout; this one waits for all of it (a busy machine takes minutes).
+pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(900)]
 
 
 def test_core_suites_on_postgres_and_redis() -> None:
