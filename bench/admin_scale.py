@@ -65,8 +65,9 @@ def main() -> None:
     from django.test import Client
     from django.test.utils import CaptureQueriesContext, setup_test_environment
 
-    from sessions_app import doctor, ops_selectors, retention
+    from sessions_app import operator_reads
     from sessions_app.models import ChatSession, Run
+    from sessions_app.operations import doctor, retention
 
     results: dict[str, Any] = {"sessions": args.sessions, "runs": args.runs}
 
@@ -165,9 +166,9 @@ def main() -> None:
             return [row[-1] for row in cursor.fetchall()]
 
     for name, qs in {
-        "stuck filter": ops_selectors.stuck_sessions(),
-        "failed 24h filter": ops_selectors.failed_sessions(),
-        "running": ops_selectors.running_sessions(),
+        "stuck filter": operator_reads.stuck_sessions(),
+        "failed 24h filter": operator_reads.failed_sessions(),
+        "running": operator_reads.running_sessions(),
     }.items():
         steps = plan(qs)
         scans = [s for s in steps if full_scan(s)]
@@ -197,7 +198,7 @@ def main() -> None:
     report(
         "recover_runs",
         ms=round((time.perf_counter() - started) * 1000, 1),
-        stuck_after=ops_selectors.stuck_sessions().count(),
+        stuck_after=operator_reads.stuck_sessions().count(),
     )
 
     candidates = retention.count_candidates(60)

@@ -65,7 +65,7 @@ async def measure(turns: int) -> None:
     from channels.testing import WebsocketCommunicator
     from django.contrib.auth import get_user_model
 
-    from chat.db import db_write
+    from chat.runtime.db import db_write
     from gatewayproject.asgi import application
     from sessions_app.tokens import issue_token
     from tests.support.communicator import Client

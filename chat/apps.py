@@ -13,16 +13,19 @@ class ChatConfig(AppConfig):
         from django.contrib.auth.signals import user_logged_out
         from django.db.models.signals import post_save, pre_save
 
-        from sessions_app import signals
-
         # On import, metrics registers its collectors, agent_method the `agent` method, checks its system checks.
-        from . import access, agent_method, checks, metrics, receivers  # noqa: F401
+        from chat import checks  # noqa: F401
+        from chat.delivery import receivers
+        from chat.methods import agent  # noqa: F401
+        from chat.web import metrics
+        from chat.websocket import access
+        from sessions_app import signals
 
         signals.run_transitioned.connect(receivers.on_run_transitioned, dispatch_uid="chat-run-transitioned")
         signals.session_changed.connect(receivers.on_session_changed, dispatch_uid="chat-session-changed")
         signals.run_transitioned.connect(metrics.on_run_transition, dispatch_uid="chat-metrics-run-end")
 
-        # revocation that open sockets feel at once (chat.access)
+        # revocation that open sockets feel at once (chat.websocket.access)
         user_model = get_user_model()
         user_logged_out.connect(access.on_logged_out, dispatch_uid="chat-access-logout")
         pre_save.connect(access.on_user_pre_save, sender=user_model, dispatch_uid="chat-access-user-before")

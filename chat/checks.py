@@ -7,7 +7,7 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 
-from .protocol import AGENT_ID_RE
+from chat.protocol.frames import AGENT_ID_RE
 
 
 @checks.register()

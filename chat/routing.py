@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from .consumers import GatewayConsumer
+from chat.websocket.consumer import GatewayConsumer
 
 websocket_urlpatterns = [
     path("ws/gateway", GatewayConsumer.as_asgi()),  # type: ignore[arg-type]

@@ -2,13 +2,13 @@
 
 from django.urls import path
 
-from . import ops_views, page_views
+from chat.web import ops, pages
 
 urlpatterns = [
-    path("healthz", ops_views.healthz, name="healthz"),
-    path("readyz", ops_views.readyz, name="readyz"),
-    path("metrics", ops_views.metrics, name="metrics"),
-    path("", page_views.index, name="index"),
-    path("login/", page_views.LoginView.as_view(), name="login"),
-    path("logout/", page_views.LogoutView.as_view(), name="logout"),
+    path("healthz", ops.healthz, name="healthz"),
+    path("readyz", ops.readyz, name="readyz"),
+    path("metrics", ops.metrics, name="metrics"),
+    path("", pages.index, name="index"),
+    path("login/", pages.LoginView.as_view(), name="login"),
+    path("logout/", pages.LogoutView.as_view(), name="logout"),
 ]

@@ -11,7 +11,7 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from chat.routing import websocket_urlpatterns  # noqa: E402
-from chat.security import OriginValidator  # noqa: E402
+from chat.websocket.origin import OriginValidator  # noqa: E402
 from gatewayproject.staticfiles import StaticFilesHandler  # noqa: E402
 
 application = ProtocolTypeRouter(

@@ -139,7 +139,7 @@ class RequestIdMiddleware:
 
 
 class AccessLog:
-    """daphne's `action_logger`: one line per HTTP response and WebSocket event, on `chat.access`."""
+    """daphne's `action_logger`: one line per HTTP response and WebSocket event, on `chat.websocket.access`."""
 
     def __init__(self, logger: logging.Logger) -> None:
         self.logger = logger
@@ -175,7 +175,7 @@ class AccessLog:
 
 def access_logger(target: str) -> AccessLog:
     """An access log writing to `target` ('-' = stdout, else a file), formatted per LOG_FORMAT."""
-    logger = logging.getLogger("chat.access")
+    logger = logging.getLogger("chat.websocket.access")
     logger.setLevel(logging.INFO)
     logger.propagate = False
     handler: logging.Handler = (

@@ -124,7 +124,7 @@ X_FRAME_OPTIONS = "DENY"
 
 # --- Database ----------------------------------------------------------------
 # Async code reaches the ORM through the executor's fixed pool of worker threads
-# (chat.db), so a connection kept per worker thread is reused, not leaked.
+# (chat.runtime.db), so a connection kept per worker thread is reused, not leaked.
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # WAL lets readers run beside the writer; IMMEDIATE transactions plus a busy
@@ -158,14 +158,14 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # --- Channel layer -------------------------------------------------------------
 REDIS_URL = env.str("REDIS_URL", default="")
 GATEWAY_CHANNEL_CAPACITY = env.int("GATEWAY_CHANNEL_CAPACITY", default=500)
-# The process's own channel (chat.hub) receives every event of all its connections.
+# The process's own channel (chat.delivery.hub) receives every event of all its connections.
 GATEWAY_PROCESS_CHANNEL_CAPACITY = env.int("GATEWAY_PROCESS_CHANNEL_CAPACITY", default=100_000)
 _CHANNEL_CAPACITY = {"gateway.*": GATEWAY_PROCESS_CHANNEL_CAPACITY}
 # redis-py 8 reads with a 5-second socket timeout by default, the length of channels-redis's
 # idle BZPOPMIN: the read lost that race and idle consumers were closed with 1011
 # (channels_redis#422). The socket timeout must stay above 5 s; a finite one still notices a
 # silently dead Redis. Retries with backoff ride over a Redis restart; the pool waits for a
-# free connection instead of failing a burst of connects (chat.layers).
+# free connection instead of failing a burst of connects (chat.delivery.layers).
 REDIS_SOCKET_TIMEOUT_SECONDS = env.float("REDIS_SOCKET_TIMEOUT_SECONDS", default=15.0)
 REDIS_MAX_CONNECTIONS = env.int("REDIS_MAX_CONNECTIONS", default=50)
 REDIS_POOL_TIMEOUT_SECONDS = env.float("REDIS_POOL_TIMEOUT_SECONDS", default=20.0)
@@ -180,7 +180,7 @@ if REDIS_URL:
 
     CHANNEL_LAYERS: dict[str, Any] = {
         "default": {
-            "BACKEND": "chat.layers.GatewayRedisChannelLayer",
+            "BACKEND": "chat.delivery.layers.GatewayRedisChannelLayer",
             "CONFIG": {
                 "hosts": [
                     {
@@ -205,7 +205,7 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "chat.layers.InMemoryChannelLayer",
+            "BACKEND": "chat.delivery.layers.InMemoryChannelLayer",
             # group_expiry: a connection stays in its groups for as long as it is open (the
             # default, a day, would silently stop a long-lived tab's events)
             "CONFIG": {

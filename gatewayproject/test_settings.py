@@ -2,8 +2,8 @@
 
 import os
 
-from .settings import *  # noqa: F403
-from .settings import DATABASES
+from gatewayproject.settings import *  # noqa: F403
+from gatewayproject.settings import DATABASES
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":

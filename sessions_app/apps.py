@@ -11,4 +11,4 @@ class SessionsAppConfig(AppConfig):
 
     def ready(self) -> None:
         # Imported here, not at module top: receivers import models, loaded after app configs.
-        from . import receivers  # noqa: F401  (connects the audit receivers)
+        from sessions_app import receivers  # noqa: F401  (connects the audit receivers)

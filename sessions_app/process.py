@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from .models import GatewayProcess, Run, RunState
+from sessions_app.models import GatewayProcess, Run, RunState
 
 
 def register(server_id: str) -> None:

@@ -8,9 +8,9 @@ from typing import Any
 from django.db.models.signals import post_delete
 from django.dispatch import receiver
 
-from . import audit, queries
-from .models import TERMINAL_STATES, Actor, ChatSession, LifecycleEvent, Run, SessionTombstone
-from .signals import run_transitioned, session_changed
+from sessions_app import audit, statements
+from sessions_app.models import TERMINAL_STATES, Actor, ChatSession, LifecycleEvent, Run, SessionTombstone
+from sessions_app.signals import run_transitioned, session_changed
 
 
 def _who(actor: str) -> dict[str, Any]:
@@ -32,7 +32,7 @@ def record_run_transition(
     actor: str,
     **kwargs: Any,
 ) -> None:
-    queries.insert(
+    statements.insert(
         LifecycleEvent(
             session=session,
             run=run,

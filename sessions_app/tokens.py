@@ -15,8 +15,8 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 
-from .models import ApiToken
-from .signals import tokens_revoked
+from sessions_app.models import ApiToken
+from sessions_app.signals import tokens_revoked
 
 TOKEN_PREFIX = "agt_"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .models import TERMINAL_STATES, RunState
+from sessions_app.models import TERMINAL_STATES, RunState
 
 ALLOWED: dict[str, frozenset[str]] = {
     RunState.QUEUED: frozenset({RunState.DISPATCHING, *TERMINAL_STATES}) - {RunState.DONE},

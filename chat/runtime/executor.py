@@ -18,15 +18,15 @@ from typing import Any
 
 from django.conf import settings
 
+from chat.delivery.broadcaster import broadcaster, chat_message
+from chat.protocol import wire
+from chat.runtime.backends import BackendError, BackendTimeout, DispatchError, RunContext, capped, get_backend
+from chat.runtime.db import db_read, db_write
+from chat.web import metrics
 from gatewayproject import logs
-from sessions_app import selectors
+from sessions_app import gateway_reads
 from sessions_app.lifecycle import runs
 from sessions_app.models import Run, RunState
-
-from .. import metrics, wire
-from ..db import db_read, db_write
-from ..delivery import broadcaster, chat_message
-from .backends import BackendError, BackendTimeout, DispatchError, RunContext, capped, get_backend
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ class RunExecutor:
         deadline = time.monotonic() + timeout
         try:
             while True:
-                run = await db_read(selectors.get_run, run_pk)
+                run = await db_read(gateway_reads.get_run, run_pk)
                 if run is None or run.is_terminal:
                     return run
                 remaining = deadline - time.monotonic()
@@ -142,7 +142,7 @@ class RunExecutor:
             # `mark_running`, before the backend streams). Otherwise (a claim, a lost hand-off) read.
             run = committed
             if run is None:
-                run = await db_read(selectors.get_run, run_pk)
+                run = await db_read(gateway_reads.get_run, run_pk)
             if run is None or run.state != RunState.DISPATCHING:
                 return
             logs.run_id.set(run.run_id)
@@ -310,7 +310,7 @@ def _transcript(run: Run, window: int) -> list[dict[str, Any]]:
     """The newest `window` messages of the run's generation (as much as its backend reads)."""
     return [
         {"role": m.role, "text": m.text, "aborted": m.aborted, "run": m.run_id}
-        for m in selectors.context_messages(run, limit=window)
+        for m in gateway_reads.context_messages(run, limit=window)
     ]
 
 

@@ -13,16 +13,15 @@ from typing import Any
 
 from channels.layers import get_channel_layer
 
+from chat.delivery import groups
+from chat.delivery.broadcaster import broadcaster
+from chat.delivery.hub import Hub
+from chat.runtime import health
+from chat.runtime.db import db_write
+from chat.runtime.executor import RunExecutor
+from chat.runtime.registry import connections
+from chat.runtime.supervisor import Supervisor
 from sessions_app import process
-
-from .. import groups
-from ..db import db_write
-from ..delivery import broadcaster
-from ..hub import Hub
-from . import health
-from .executor import RunExecutor
-from .registry import connections
-from .supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 

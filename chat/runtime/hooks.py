@@ -10,11 +10,10 @@ import logging
 
 from channels.layers import get_channel_layer
 
+from chat.delivery import groups
+from chat.delivery.broadcaster import broadcaster
+from chat.runtime.gateway import runtime
 from sessions_app.models import Run
-
-from .. import groups
-from ..delivery import broadcaster
-from .gateway import runtime
 
 log = logging.getLogger(__name__)
 

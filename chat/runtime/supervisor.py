@@ -7,7 +7,7 @@
 - regroup: re-add the process's channel to its layer groups, because Redis forgets them
   (after `group_expiry`, and on a restart without persistence).
 
-(What the channel layer routes to the process, events and aborts, arrives through `chat.hub`.)
+(What the channel layer routes to the process, events and aborts, arrives through `chat.delivery.hub`.)
 """
 
 from __future__ import annotations
@@ -20,16 +20,17 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 
-from sessions_app import process, recovery
+from chat.delivery import repair
+from chat.runtime import health
+from chat.runtime.db import db_read, db_write
+from chat.web import metrics
+from sessions_app import process
 from sessions_app.lifecycle import runs
 from sessions_app.models import ACTIVE_STATES, Actor, Run, RunState
-
-from .. import metrics, repair
-from ..db import db_read, db_write
-from . import health
+from sessions_app.operations import recovery
 
 if TYPE_CHECKING:
-    from .gateway import GatewayRuntime
+    from chat.runtime.gateway import GatewayRuntime
 
 log = logging.getLogger(__name__)
 SHUTDOWN_MESSAGE = "gateway process shut down before the run finished"

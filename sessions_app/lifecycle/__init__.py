@@ -13,6 +13,6 @@ change sends a signal (`sessions_app.signals`); receivers write the audit row in
 transaction and register broadcasts with `transaction.on_commit`.
 """
 
-from .core import LifecycleError, SessionNotFound
+from sessions_app.lifecycle.core import LifecycleError, SessionNotFound
 
 __all__ = ["LifecycleError", "SessionNotFound"]

@@ -13,9 +13,18 @@ from typing import Any
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from .. import queries, signals
-from ..models import ACTIVE_STATES, TERMINAL_STATES, Actor, ChatSession, Message, Run, RunState, SessionStatus
-from ..transitions import sources_for
+from sessions_app import signals, statements
+from sessions_app.models import (
+    ACTIVE_STATES,
+    TERMINAL_STATES,
+    Actor,
+    ChatSession,
+    Message,
+    Run,
+    RunState,
+    SessionStatus,
+)
+from sessions_app.transitions import sources_for
 
 # sessions.changed reasons (PROTOCOL.md §7) of a run's terminal state, and of an abort's stopReason
 REASON_FOR_STATE = {
@@ -48,13 +57,13 @@ class SessionNotFound(LifecycleError):
 
 
 def _lock_by_key(owner_id: int | None, key: str | None) -> ChatSession | None:
-    return queries.session("s.owner_id = %s AND s.key = %s", [owner_id, key], lock=True)
+    return statements.session("s.owner_id = %s AND s.key = %s", [owner_id, key], lock=True)
 
 
 def lock_session(*, owner_id: int | None = None, key: str | None = None, pk: int | None = None) -> ChatSession:
     """The session, row-locked (with the runIds its row names): by owner and key (clients) or by
     primary key (operators)."""
-    session = queries.session("s.id = %s", [pk], lock=True) if pk is not None else _lock_by_key(owner_id, key)
+    session = statements.session("s.id = %s", [pk], lock=True) if pk is not None else _lock_by_key(owner_id, key)
     if session is None:
         raise SessionNotFound()
     return session
@@ -65,10 +74,10 @@ def lock_run(run_pk: int) -> tuple[ChatSession, Run] | None:
 
     Read after the lock, the run's state is current: every state change holds it.
     """
-    session = queries.session(
+    session = statements.session(
         f"s.id = (SELECT session_id FROM {Run._meta.db_table} WHERE id = %s)", [run_pk], lock=True
     )
-    run = queries.run("r.id = %s", [run_pk]) if session is not None else None
+    run = statements.run("r.id = %s", [run_pk]) if session is not None else None
     return None if run is None or session is None else (session, run)
 
 
@@ -94,7 +103,7 @@ def save_row(session: ChatSession, *fields: str) -> None:
     """Persist changed row fields and bump `version` (one step per committed change)."""
     session.version += 1
     session.updated_at = timezone.now()
-    queries.update(session, *fields, "version", "updated_at")
+    statements.update(session, *fields, "version", "updated_at")
 
 
 def row_changed(session: ChatSession, *, reason: str, actor: str, deleted: bool = False) -> None:
@@ -122,7 +131,7 @@ def _activate(session: ChatSession, run: Run) -> None:
     session.last_run_error = ""
     save_row(session, "started_at", *OUTCOME_FIELDS)
     if run.session_generation == session.session_id:
-        queries.insert(
+        statements.insert(
             Message(session=session, session_generation=session.session_id, role="user", text=run.message, run=run)
         )
 
@@ -131,11 +140,13 @@ def _activate(session: ChatSession, run: Run) -> None:
 
 
 def next_queue_seq(session: ChatSession) -> int:
-    return queries.next_queue_seq(session.pk)
+    return statements.next_queue_seq(session.pk)
 
 
 def queued_runs(session: ChatSession) -> list[Run]:
-    return queries.runs("r.session_id = %s AND r.state = %s ORDER BY r.queue_seq, r.id", [session.pk, RunState.QUEUED])
+    return statements.runs(
+        "r.session_id = %s AND r.state = %s ORDER BY r.queue_seq, r.id", [session.pk, RunState.QUEUED]
+    )
 
 
 def emit_run(
@@ -208,7 +219,7 @@ def transition(
             save_row(session, *OUTCOME_FIELDS)
         else:
             # An old-generation run never touches the row (§8); only release the slot.
-            queries.update(session, "active_run")
+            statements.update(session, "active_run")
         changed = current_generation
     elif from_state == RunState.QUEUED and current_generation:
         save_row(session)  # queuedRunIds changed
@@ -216,7 +227,7 @@ def transition(
 
     if current_generation and from_state in ACTIVE_STATES and (to_state == RunState.DONE or run.reply):
         # The reply joins the transcript; partial text of an aborted, failed or timed-out run is kept, marked.
-        queries.insert(
+        statements.insert(
             Message(
                 session=session,
                 session_generation=session.session_id,

@@ -9,8 +9,16 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
-from ..models import ACTIVE_STATES, Actor, Run, RunState, SessionStatus
-from .core import OUTCOME_FIELDS, lock_session, row_changed, save_row, start_next_queued, take_outcome, transition
+from sessions_app.lifecycle.core import (
+    OUTCOME_FIELDS,
+    lock_session,
+    row_changed,
+    save_row,
+    start_next_queued,
+    take_outcome,
+    transition,
+)
+from sessions_app.models import ACTIVE_STATES, Actor, Run, RunState, SessionStatus
 
 
 def mark_failed(

@@ -7,8 +7,8 @@ from datetime import datetime
 
 from django.db import transaction
 
-from ..models import OPEN_STATES, Actor, ChatSession, LifecycleEvent, Message, Run, SessionStatus
-from .core import row_changed
+from sessions_app.lifecycle.core import row_changed
+from sessions_app.models import OPEN_STATES, Actor, ChatSession, LifecycleEvent, Message, Run, SessionStatus
 
 
 @dataclass

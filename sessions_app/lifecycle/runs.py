@@ -9,9 +9,8 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from .. import queries, selectors
-from ..models import ACTIVE_STATES, Actor, ChatSession, Run, RunState, SessionStatus
-from .core import (
+from sessions_app import gateway_reads, statements
+from sessions_app.lifecycle.core import (
     REASON_FOR_STATE,
     emit_run,
     kill,
@@ -21,6 +20,7 @@ from .core import (
     save_row,
     transition,
 )
+from sessions_app.models import ACTIVE_STATES, Actor, ChatSession, Run, RunState, SessionStatus
 
 # What admission decided: a new run started or queued, the key's existing run, a key reused
 # with another body, a full queue, or a send that failed before its ack (kept as a failed run).
@@ -60,11 +60,11 @@ def admit_send(req: SendRequest, *, owner_process: str, actor: str = Actor.USER)
     """
     with transaction.atomic():
         session = lock_or_create_session(owner_id=req.owner_id, key=req.key, agent_id=req.agent_id, actor=actor)
-        existing = queries.run("r.session_id = %s AND r.run_id = %s", [session.pk, req.run_id])
+        existing = statements.run("r.session_id = %s AND r.run_id = %s", [session.pk, req.run_id])
         if existing is not None:
             if existing.body_hash != req.body_hash:
                 return SendOutcome("conflict", existing, session)
-            return SendOutcome("existing", existing, session, selectors.queue_position(existing))
+            return SendOutcome("existing", existing, session, gateway_reads.queue_position(existing))
 
         base = dict(
             session=session,
@@ -80,16 +80,16 @@ def admit_send(req: SendRequest, *, owner_process: str, actor: str = Actor.USER)
         if req.setup_error is not None:
             return _admit_failed(session, base, req.setup_error, actor)
 
-        active = queries.run("r.id = %s", [session.active_run_id]) if session.active_run_id else None
+        active = statements.run("r.id = %s", [session.active_run_id]) if session.active_run_id else None
         if active is not None and req.queue_mode != "interrupt":
             if Run.objects.filter(session=session, state=RunState.QUEUED).count() >= settings.GATEWAY_QUEUE_MAX:
                 return SendOutcome("queue_full", None, session)
-            run = queries.insert(Run(state=RunState.QUEUED, queue_seq=next_queue_seq(session), stream_seq=1, **base))
+            run = statements.insert(Run(state=RunState.QUEUED, queue_seq=next_queue_seq(session), stream_seq=1, **base))
             save_row(session)
             emit_run(
                 run, session, from_state="", to_state=RunState.QUEUED, reason="queued", actor=actor, row_changed=True
             )
-            return SendOutcome("queued", run, session, selectors.queue_position(run))
+            return SendOutcome("queued", run, session, gateway_reads.queue_position(run))
 
         interrupted = False
         if active is not None:
@@ -101,7 +101,7 @@ def admit_send(req: SendRequest, *, owner_process: str, actor: str = Actor.USER)
                 owner_process=owner_process,
                 start_next=False,
             )
-        run = queries.insert(Run(state=RunState.QUEUED, queue_seq=next_queue_seq(session), **base))
+        run = statements.insert(Run(state=RunState.QUEUED, queue_seq=next_queue_seq(session), **base))
         transition(run, RunState.DISPATCHING, session=session, reason="send", actor=actor, owner_process=owner_process)
         return SendOutcome("started", run, session, interrupted_active_run=interrupted)
 

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 
 from django.db import IntegrityError, transaction
 
-from ..models import Actor, ChatSession, Run
-from .core import (
+from sessions_app.lifecycle.core import (
     LifecycleError,
     kill,
     kill_all,
@@ -22,6 +21,7 @@ from .core import (
     row_changed,
     save_row,
 )
+from sessions_app.models import Actor, ChatSession, Run
 
 
 @dataclass

@@ -22,7 +22,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from tqdm import tqdm
 
 from sessions_app import audit
-from sessions_app.dbcheck import DatabaseUnreachable, probe_database
+from sessions_app.operations.dbcheck import DatabaseUnreachable, probe_database
 
 PROGRESS_MIN_ROWS = 500  # fewer rows finish before a bar would be worth drawing
 EXIT_OK, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from channels.layers import get_channel_layer
 
-from chat import agent, groups
+from chat.delivery import agent_events, groups
 from tests.support.communicator import open_client
 from tests.support.db import audit, counts, run_row, terminal_events
 
@@ -275,7 +275,7 @@ def test_translation_fills_in_what_a_connection_missed() -> None:
     """A connection that missed a delta gets the rest in the next one, and the tail at the end."""
     base = {"runId": "r", "sessionKey": "agent:main:k", "sessionId": "s"}
     message = {"role": "assistant", "content": [{"type": "text", "text": "one two three"}], "timestamp": 5}
-    delta, replied = agent.agent_events(
+    delta, replied = agent_events.agent_events(
         {
             **base,
             "seq": 4,
@@ -287,7 +287,7 @@ def test_translation_fills_in_what_a_connection_missed() -> None:
         3,
     )
     assert [(e["seq"], e["data"]["delta"]) for e in delta] == [(4, " two")] and replied == 7
-    final, replied = agent.agent_events(
+    final, replied = agent_events.agent_events(
         {**base, "seq": 6, "state": "final", "stopReason": "stop", "message": message},
         {"outputTokens": 3, "startedAt": 1},
         7,
@@ -296,7 +296,7 @@ def test_translation_fills_in_what_a_connection_missed() -> None:
     assert final[0]["data"] == {"text": "one two three", "delta": " three"}
     assert final[1]["data"] == {"outputTokens": 3} and final[2]["data"]["endedAt"] == 5
     # nothing missed: just the end, at the terminal's own seq
-    final, _ = agent.agent_events(
+    final, _ = agent_events.agent_events(
         {**base, "seq": 6, "state": "final", "stopReason": "stop", "message": message}, None, 13
     )
     assert [(e["seq"], e["data"]["phase"]) for e in final] == [(6, "end")]

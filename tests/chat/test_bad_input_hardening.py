@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from channels.testing import WebsocketCommunicator
 
-from chat import handshake
+from chat.websocket import handshake
 from tests.support.communicator import Client
 from tests.support.db import counts, send_params
 

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from chat import wire
-from chat.connection import ConnectionState
-from chat.repair import EndedRun, Snapshot
+from chat.delivery.repair import EndedRun, Snapshot
+from chat.protocol import wire
+from chat.websocket.connection import ConnectionState
 
 
 def chat(run_id: str, seq: int, state: str = "delta") -> dict[str, Any]:
@@ -22,7 +22,7 @@ def row(key: str, version: int, **extra: Any) -> dict[str, Any]:
 
 
 def test_rows_from_the_layer_are_filtered_the_same_way() -> None:
-    from chat.delivery import session_message
+    from chat.delivery.broadcaster import session_message
 
     s = state(subscribed=True)
     assert s.admit_encoded_row(session_message(1, 5, row("k", 2)))
@@ -116,7 +116,7 @@ def test_repair_of_rows_and_deletions() -> None:
 def test_an_unknown_runs_event_written_well_before_the_connection_is_not_its_news() -> None:
     """A lagging layer hands a new connection old events: taken, it would follow a run that
     ended before it connected, whose terminal no repair sends it."""
-    from chat.delivery import chat_message
+    from chat.delivery.broadcaster import chat_message
 
     s = state()
     opened = s.connected_at.timestamp()
@@ -132,7 +132,7 @@ def test_an_unknown_runs_event_written_well_before_the_connection_is_not_its_new
 
 @pytest.mark.django_db(transaction=True)
 async def test_a_new_connection_is_not_handed_a_stale_event_by_the_hub(client: Any) -> None:
-    from chat.delivery import chat_message
+    from chat.delivery.broadcaster import chat_message
     from chat.runtime.gateway import runtime
 
     conn = next(iter(runtime.connections))

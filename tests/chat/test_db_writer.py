@@ -1,4 +1,4 @@
-"""The SQLite writer (`chat.db.Writer`): group commit, savepoints, admissions first, panics.
+"""The SQLite writer (`chat.runtime.db.Writer`): group commit, savepoints, admissions first, panics.
 
 Each test holds the writer busy with a first job while it queues the writes it means to
 batch, so that they run together in one transaction, as under load.
@@ -17,8 +17,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, connection, transaction
 
-from chat import delivery
-from chat.db import BatchRolledBack, WritePanicked, Writer
+from chat.delivery import broadcaster
+from chat.runtime.db import BatchRolledBack, WritePanicked, Writer
 from sessions_app.lifecycle import sessions
 from sessions_app.models import ChatSession
 
@@ -46,7 +46,7 @@ def close_connection() -> None:
 @pytest.fixture
 def sent(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = []
-    monkeypatch.setattr(delivery.broadcaster, "send", lambda owner_id, message: messages.append(message))
+    monkeypatch.setattr(broadcaster.broadcaster, "send", lambda owner_id, message: messages.append(message))
     return messages
 
 

@@ -107,7 +107,7 @@ def _end_runs(owner_id: int, prefix: str, n: int, ended_at) -> None:
 
 async def test_repair_scan_moves_past_a_full_batch_of_ended_runs(client, alice, monkeypatch):
     """A burst bigger than a batch, all at one instant: later terminals are still repaired."""
-    from chat import repair
+    from chat.delivery import repair
     from chat.runtime.gateway import runtime
 
     monkeypatch.setattr(repair, "BATCH", 3)
@@ -121,7 +121,7 @@ async def test_repair_scan_moves_past_a_full_batch_of_ended_runs(client, alice, 
 
 
 async def test_repair_scan_moves_past_a_full_batch_of_rows(client, monkeypatch):
-    from chat import repair
+    from chat.delivery import repair
 
     monkeypatch.setattr(repair, "BATCH", 3)
     for i in range(5):
@@ -137,11 +137,11 @@ async def test_repair_scan_moves_past_a_full_batch_of_rows(client, monkeypatch):
 async def test_tick_survives_a_failed_authorization_check(alice, monkeypatch, settings):
     from django.db import OperationalError
 
-    from chat import consumers
+    from chat.websocket import consumer
 
     settings.GATEWAY_TICK_INTERVAL_MS = 200
     calls = {"n": 0}
-    real = consumers.current_access
+    real = consumer.current_access
 
     def flaky(user_id, token_hash, session_key):
         calls["n"] += 1
@@ -149,7 +149,7 @@ async def test_tick_survives_a_failed_authorization_check(alice, monkeypatch, se
             raise OperationalError("database is locked")
         return real(user_id, token_hash, session_key)
 
-    monkeypatch.setattr(consumers, "current_access", flaky)
+    monkeypatch.setattr(consumer, "current_access", flaky)
     c = await open_client(alice[1])
     await c.drain(2.0)
     assert len([e for e in c.events if e["event"] == "tick"]) >= 6 and c.closed is None

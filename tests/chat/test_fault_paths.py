@@ -11,7 +11,7 @@ import pytest
 from channels.db import database_sync_to_async
 from django.db import OperationalError
 
-from chat import delivery
+from chat.delivery import broadcaster
 from chat.runtime import executor as ex
 from sessions_app.lifecycle import runs
 from sessions_app.models import Run
@@ -50,7 +50,7 @@ async def test_db_errors_while_ending_the_run_are_retried(client, monkeypatch):
 
 
 async def test_failing_broadcast_never_costs_the_run_its_worker(client, monkeypatch):
-    monkeypatch.setattr(delivery, "agroup_send_all", flaky(delivery.agroup_send_all, 1, OperationalError("gone")))
+    monkeypatch.setattr(broadcaster, "agroup_send_all", flaky(broadcaster.agroup_send_all, 1, OperationalError("gone")))
     res = await client.call("chat.send", send_params("main", "hello", "k1"))
     assert res["ok"] and res["payload"]["status"] == "started"
     assert (await client.wait_terminal("k1", 5))["state"] == "final"
@@ -58,14 +58,14 @@ async def test_failing_broadcast_never_costs_the_run_its_worker(client, monkeypa
 
 async def test_slow_final_broadcast_does_not_lose_the_queued_successor(client, monkeypatch, settings):
     """The reconcile loop must not cancel a run's task while it broadcasts its own end."""
-    real = delivery.agroup_send_all
+    real = broadcaster.agroup_send_all
 
     async def slow(owner_id, message):
         if message["type"] == "gateway.chat" and message["runId"] == "r1" and message["state"] == "final":
             await asyncio.sleep(settings.GATEWAY_REPAIR_SECONDS * 2.5)
         await real(owner_id, message)
 
-    monkeypatch.setattr(delivery, "agroup_send_all", slow)
+    monkeypatch.setattr(broadcaster, "agroup_send_all", slow)
     await client.ok("chat.send", send_params("main", "one", "r1"))
     await client.ok("chat.send", send_params("main", "two", "r2"))
     assert (await client.wait_terminal("r2", settings.GATEWAY_REPAIR_SECONDS * 8))["state"] == "final"
@@ -134,7 +134,7 @@ async def test_connection_that_missed_every_event_gets_the_terminal(alice, setti
     b = await open_client(alice[1])
     from channels.layers import get_channel_layer
 
-    from chat import groups
+    from chat.delivery import groups
 
     # find B's consumer channel through the layer's group membership
     layer = get_channel_layer()

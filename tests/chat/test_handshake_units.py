@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from chat import handshake
+from chat.websocket import handshake
 
 BASE: dict[str, Any] = {"minProtocol": 4, "maxProtocol": 4, "client": {"id": "c", "version": "1"}}
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from channels.layers import get_channel_layer
 
-from chat.hub import HubNotListening
+from chat.delivery.hub import HubNotListening
 from chat.runtime.gateway import runtime
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -39,7 +39,7 @@ async def test_a_stopped_hub_does_not_receive_again_when_the_client_library_swal
     await hub.probe()  # the loop is waiting in the patched receive
     task = hub.task
     assert task is not None
-    with caplog.at_level(logging.ERROR, logger="chat.hub"):
+    with caplog.at_level(logging.ERROR, logger="chat.delivery.hub"):
         await hub.stop()
         await asyncio.sleep(1.3)  # longer than the loop's first back-off
     assert task.done(), "the receive loop went on after stop"

@@ -15,7 +15,7 @@ import channels_redis
 import pytest
 from channels_redis.core import RedisChannelLayer
 
-from chat.layers import _GROUP_SEND_LUA, GatewayRedisChannelLayer
+from chat.delivery.layers import _GROUP_SEND_LUA, GatewayRedisChannelLayer
 from tests.support import services
 
 pytestmark = pytest.mark.redis

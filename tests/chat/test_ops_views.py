@@ -11,8 +11,8 @@ from channels.db import database_sync_to_async
 from django.test import AsyncClient, Client
 from prometheus_client.parser import text_string_to_metric_families
 
-from chat import ops_views
 from chat.runtime.gateway import runtime
+from chat.web import ops
 from tests.support import opsdata
 from tests.support.communicator import open_client
 
@@ -46,7 +46,7 @@ def test_readyz_503_when_the_database_fails(monkeypatch: pytest.MonkeyPatch) -> 
     def broken() -> None:
         raise RuntimeError("database is gone")
 
-    monkeypatch.setattr(ops_views, "_check_database", broken)
+    monkeypatch.setattr(ops, "_check_database", broken)
     res = Client().get("/readyz")
     assert res.status_code == HTTPStatus.SERVICE_UNAVAILABLE
     checks = res.json()["checks"]
@@ -56,7 +56,7 @@ def test_readyz_503_when_the_database_fails(monkeypatch: pytest.MonkeyPatch) -> 
 
 @pytest.mark.django_db
 def test_readyz_503_without_a_channel_layer(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ops_views, "get_channel_layer", lambda: None)
+    monkeypatch.setattr(ops, "get_channel_layer", lambda: None)
     res = Client().get("/readyz")
     assert res.status_code == HTTPStatus.SERVICE_UNAVAILABLE
     assert res.json()["checks"]["channelLayer"]["ok"] is False
@@ -146,7 +146,7 @@ async def test_readyz_goes_through_the_hubs_receive_loop(client: Any, monkeypatc
             await delivered(message)
 
     monkeypatch.setattr(runtime.hub, "deliver", drop_probes)
-    monkeypatch.setattr(ops_views, "READY_TIMEOUT_SECONDS", 0.3)
+    monkeypatch.setattr(ops, "READY_TIMEOUT_SECONDS", 0.3)
     res = await AsyncClient().get("/readyz")
     assert res.status_code == HTTPStatus.SERVICE_UNAVAILABLE
     assert res.json()["checks"]["channelLayer"] == {"ok": False, "detail": "timed out after 0.3s", "ms": ANY_MS}

@@ -9,8 +9,6 @@ from typing import Any
 import pytest
 from channels.testing import WebsocketCommunicator
 
-from chat import outbound
-from chat.consumers import GatewayConsumer
 from chat.runtime.backends import RunContext, capped
 from chat.runtime.backends.scripted import (
     MAX_DELAY_MS,
@@ -21,6 +19,8 @@ from chat.runtime.backends.scripted import (
     reply_words,
 )
 from chat.runtime.gateway import runtime
+from chat.websocket import outbound
+from chat.websocket.consumer import GatewayConsumer
 from tests.support.communicator import Client, open_client
 from tests.support.db import send_params
 
@@ -153,7 +153,7 @@ async def test_oversize_response_is_an_error_and_the_socket_stays(client: Client
 
 
 def _in_groups(consumer: GatewayConsumer) -> list[str]:
-    """The groups the process's channel holds for this connection (chat.hub)."""
+    """The groups the process's channel holds for this connection (chat.delivery.hub)."""
     return [g for g, members in runtime.hub.members.items() if consumer in members]
 
 

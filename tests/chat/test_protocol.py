@@ -4,8 +4,8 @@ import base64
 
 import pytest
 
-from chat import protocol
-from chat.protocol import ProtocolError
+from chat.protocol import frames
+from chat.protocol.frames import ProtocolError
 
 
 @pytest.mark.parametrize(
@@ -23,14 +23,14 @@ from chat.protocol import ProtocolError
 )
 def test_bad_frames_are_invalid_request(text: str, field: str | None) -> None:
     with pytest.raises(ProtocolError) as err:
-        protocol.parse_frame(text)
+        frames.parse_frame(text)
     assert err.value.code == "INVALID_REQUEST"
     assert err.value.details.get("field") == field
 
 
 def test_request_id_is_echoed_when_readable() -> None:
     with pytest.raises(ProtocolError) as err:
-        protocol.parse_frame('{"type":"req","id":"abc","method":""}')
+        frames.parse_frame('{"type":"req","id":"abc","method":""}')
     assert err.value.request_id == "abc"  # type: ignore[attr-defined]
 
 
@@ -43,19 +43,19 @@ def test_request_id_is_echoed_when_readable() -> None:
     ],
 )
 def test_canonical_keys(raw: str, expected: tuple[str, str]) -> None:
-    assert protocol.canonical_key(raw) == expected
+    assert frames.canonical_key(raw) == expected
 
 
 @pytest.mark.parametrize("raw", ["", "a b", "agent:main:", "agent::x", "é", "x" * 201])
 def test_bad_keys(raw: str) -> None:
     with pytest.raises(ProtocolError) as err:
-        protocol.canonical_key(raw)
+        frames.canonical_key(raw)
     assert err.value.code == "INVALID_REQUEST" and err.value.details["field"] == "sessionKey"
 
 
 def test_unknown_agent_is_not_found() -> None:
     with pytest.raises(ProtocolError) as err:
-        protocol.canonical_key("agent:ghost:main")
+        frames.canonical_key("agent:ghost:main")
     assert err.value.code == "NOT_FOUND"
 
 
@@ -96,14 +96,14 @@ def _send(**over: object) -> dict:
 )
 def test_chat_send_validation(params: dict, field: str, settings: object) -> None:
     with pytest.raises(ProtocolError) as err:
-        protocol.parse_chat_send(params)
+        frames.parse_chat_send(params)
     assert err.value.code == "INVALID_REQUEST"
     assert err.value.details["field"] == field
 
 
 def test_control_chars_are_stripped_and_attachments_sniffed() -> None:
     png = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\x00" * 8).decode()
-    parsed = protocol.parse_chat_send(
+    parsed = frames.parse_chat_send(
         _send(message="a\x07b\tc\n", attachments=[{"mimeType": "image/png", "content": png, "fileName": "x.png"}])
     )
     assert parsed.message == "ab\tc\n"
@@ -111,18 +111,18 @@ def test_control_chars_are_stripped_and_attachments_sniffed() -> None:
 
 
 def test_empty_message_allowed_with_attachment() -> None:
-    parsed = protocol.parse_chat_send(_send(message="", attachments=[{"mimeType": "text/plain", "content": "aGk="}]))
+    parsed = frames.parse_chat_send(_send(message="", attachments=[{"mimeType": "text/plain", "content": "aGk="}]))
     assert parsed.message == "" and len(parsed.attachments) == 1
 
 
 def test_body_hash_distinguishes_messages() -> None:
-    a = protocol.parse_chat_send(_send(message="a")).body_hash
-    b = protocol.parse_chat_send(_send(message="b")).body_hash
-    assert a != b and a == protocol.parse_chat_send(_send(message="a")).body_hash
+    a = frames.parse_chat_send(_send(message="a")).body_hash
+    b = frames.parse_chat_send(_send(message="b")).body_hash
+    assert a != b and a == frames.parse_chat_send(_send(message="a")).body_hash
 
 
 @pytest.mark.parametrize(
     "msg, cmd", [("/stop", "/stop"), (" /new ", "/new"), ("/reset", "/reset"), ("/stop now", None)]
 )
 def test_commands(msg: str, cmd: str | None) -> None:
-    assert protocol.parse_chat_send(_send(message=msg)).command == cmd
+    assert frames.parse_chat_send(_send(message=msg)).command == cmd

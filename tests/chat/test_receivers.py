@@ -14,8 +14,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 
-from chat import delivery, receivers
-from chat.db import Writer
+from chat.delivery import broadcaster, receivers
+from chat.runtime.db import Writer
 from sessions_app.lifecycle import runs, sessions
 from sessions_app.lifecycle.runs import SendRequest
 from sessions_app.models import ChatSession
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def sent(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = []
-    monkeypatch.setattr(delivery.broadcaster, "send", lambda owner_id, message: messages.append(message))
+    monkeypatch.setattr(broadcaster.broadcaster, "send", lambda owner_id, message: messages.append(message))
     return messages
 
 
@@ -225,7 +225,7 @@ def test_a_holder_left_by_a_rolled_back_transaction_is_not_reused(sent: list[dic
 
 @pytest.mark.django_db(transaction=True)
 def test_django_on_commit_list_behaves_as_the_row_holders_rely_on() -> None:
-    """Pins Django's on-commit bookkeeping (5.2) that `chat.receivers._PendingRow` builds on.
+    """Pins Django's on-commit bookkeeping (5.2) that `chat.delivery.receivers._PendingRow` builds on.
 
     Entries are `(savepoint ids, func, robust)` tuples; rolling back a savepoint drops the
     entries naming it and keeps one with no ids; a commit runs the list in order; a full

@@ -10,7 +10,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from chat.repair import Position, Scanner, take_snapshot
+from chat.delivery.repair import Position, Scanner, take_snapshot
 from sessions_app.lifecycle import runs, sessions
 from sessions_app.lifecycle.runs import SendRequest
 

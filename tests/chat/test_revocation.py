@@ -10,7 +10,8 @@ from channels.db import database_sync_to_async
 from django.contrib.auth import get_user_model
 from django.test import Client as HttpClient
 
-from chat import delivery, handshake
+from chat.delivery import broadcaster
+from chat.websocket import handshake
 from sessions_app.models import ApiToken
 from sessions_app.tokens import revoke_token
 from tests.support.communicator import Client, open_client
@@ -105,7 +106,7 @@ async def test_loss_of_staff_downgrades_at_once(make_user: Any) -> None:
 
 async def test_tick_is_the_backstop(make_user: Any, settings: Any, monkeypatch: Any) -> None:
     """With the revocation message lost, the next tick still closes or narrows."""
-    monkeypatch.setattr(delivery.broadcaster, "route", lambda group, message: None)
+    monkeypatch.setattr(broadcaster.broadcaster, "route", lambda group, message: None)
     settings.GATEWAY_TICK_INTERVAL_MS = 300
     user, raw = await database_sync_to_async(make_user)("bea", staff=True)
     http = await database_sync_to_async(_login)(user)

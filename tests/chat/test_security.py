@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from channels.testing import WebsocketCommunicator
 
-from chat.security import normalize_origin, origin_allowed
+from chat.websocket.origin import normalize_origin, origin_allowed
 from gatewayproject.asgi import application
 
 

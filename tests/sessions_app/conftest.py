@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from django.contrib.auth import get_user_model
 
-from chat import delivery
+from chat.delivery import broadcaster
 from sessions_app.lifecycle.runs import SendRequest
 
 
@@ -40,8 +40,8 @@ def request_for(owner: Any) -> Callable[..., SendRequest]:
 def broadcasts(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """Every layer message the gateway hands to the broadcaster (after commit)."""
     sent: list[dict[str, Any]] = []
-    monkeypatch.setattr(delivery.broadcaster, "send", lambda owner_id, message: sent.append(message))
-    monkeypatch.setattr(delivery.broadcaster, "route", lambda group, message: sent.append(message))
+    monkeypatch.setattr(broadcaster.broadcaster, "send", lambda owner_id, message: sent.append(message))
+    monkeypatch.setattr(broadcaster.broadcaster, "route", lambda group, message: sent.append(message))
     return sent
 
 

@@ -19,11 +19,11 @@ from django.test.utils import CaptureQueriesContext, override_settings
 from django.urls import reverse
 from django.utils import timezone
 
-from sessions_app import ops_selectors
+from sessions_app import operator_reads
 from sessions_app.lifecycle import operators
 from sessions_app.lifecycle import sessions as session_services
 from sessions_app.models import ApiToken, ChatSession, LifecycleEvent, Run, RunState, SessionStatus
-from sessions_app.seed import seed_demo_data
+from sessions_app.operations.seed import seed_demo_data
 from sessions_app.tokens import authenticate_token, issue_token
 from tests.support import opsdata
 from tests.support.communicator import open_client
@@ -103,7 +103,7 @@ def test_stuck_filter_selects_exactly_the_stuck_sessions(admin_client: Client, p
     res = admin_client.get(reverse(CHANGELIST), {"stuck": "yes"})
     assert res.status_code == HTTPStatus.OK
     assert changelist_keys(res) == {planted[name].key for name in STUCK}
-    assert set(ops_selectors.stuck_sessions().values_list("key", flat=True)) == {planted[n].key for n in STUCK}
+    assert set(operator_reads.stuck_sessions().values_list("key", flat=True)) == {planted[n].key for n in STUCK}
     assert "· stuck" in res.content.decode()
 
 
@@ -505,10 +505,10 @@ def test_detail_page_queries_do_not_grow_with_runs(
 def test_operator_filters_use_indexes(db: None, name: str) -> None:
     seed_demo_data(sessions=50, runs=200, users=2, rng_seed=5)
     querysets = {
-        "stuck": ops_selectors.stuck_sessions({"some-live-process"}),
-        "failed": ops_selectors.failed_sessions(),
-        "running": ops_selectors.running_sessions(),
-        "counts": ops_selectors.stuck_runs(set()),
+        "stuck": operator_reads.stuck_sessions({"some-live-process"}),
+        "failed": operator_reads.failed_sessions(),
+        "running": operator_reads.running_sessions(),
+        "counts": operator_reads.stuck_runs(set()),
     }
     sql, params = querysets[name].query.sql_with_params()
     with connection.cursor() as cursor:

@@ -12,7 +12,6 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from sessions_app import doctor
 from sessions_app.lifecycle.retention import prune_idle_sessions
 from sessions_app.models import (
     ApiToken,
@@ -24,6 +23,7 @@ from sessions_app.models import (
     RunState,
     SessionStatus,
 )
+from sessions_app.operations import doctor
 from sessions_app.tokens import authenticate_token, issue_token
 from tests.support import opsdata
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from sessions_app import selectors
+from sessions_app import gateway_reads
 from sessions_app.lifecycle import runs, sessions
 from sessions_app.models import ChatSession, LifecycleEvent, Message, Run, RunState, SessionStatus
 from tests.sessions_app.conftest import chat_states, rows
@@ -107,4 +107,4 @@ def test_claim_only_unowned_dispatching_runs(request_for: Callable[..., Any]) ->
     assert run is not None
     assert runs.claim_run(run.pk, server_id="proc-a")
     assert not runs.claim_run(run.pk, server_id="proc-b")
-    assert selectors.get_run(run.pk).owner_process == "proc-a"  # type: ignore[union-attr]
+    assert gateway_reads.get_run(run.pk).owner_process == "proc-a"  # type: ignore[union-attr]

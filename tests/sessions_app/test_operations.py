@@ -24,11 +24,11 @@ from django.urls import path, reverse
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from chat import metrics, ops_views
 from chat.runtime import health
 from chat.runtime.gateway import GatewayRuntime
+from chat.web import metrics, ops
 from gatewayproject import logs
-from sessions_app import doctor, ops_selectors, recovery
+from sessions_app import operator_reads
 from sessions_app.models import (
     ChatSession,
     GatewayProcess,
@@ -38,6 +38,7 @@ from sessions_app.models import (
     SessionStatus,
     SessionTombstone,
 )
+from sessions_app.operations import doctor, recovery
 from tests.support import opsdata
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,7 +87,7 @@ def test_filter_count_badge_metrics_and_doctor_agree(admin_client: Client) -> No
     badged = {s.key for s in listed.context["cl"].result_list if s.is_stuck}
     assert badged == expected
     counts = {label: n for label, n, _ in listed.context["agentgate_counts"]}
-    assert counts["stuck"] == len(expected) == ops_selectors.stuck_count()
+    assert counts["stuck"] == len(expected) == operator_reads.stuck_count()
     scraped = Client().get("/metrics").content.decode()
     assert re.search(rf"^agentgate_stuck_sessions {len(expected)}\.0$", scraped, re.M)
     doctored = {f.session_key for f in doctor.check()}
@@ -100,7 +101,7 @@ def test_filter_count_badge_metrics_and_doctor_agree(admin_client: Client) -> No
 def test_doctor_is_not_clean_when_no_server_can_claim_unowned_runs(db: None) -> None:
     owner = opsdata.user()
     opsdata.send(owner, "s", "r1")  # unowned; no process registered at all
-    assert ops_selectors.stuck_count() == 1
+    assert operator_reads.stuck_count() == 1
     assert [f.kind for f in doctor.check()] == ["unclaimed_run"]
 
 
@@ -205,10 +206,10 @@ def test_sweep_forgets_long_dead_processes(db: None) -> None:
 
 @pytest.mark.django_db
 def test_readyz_answers_within_its_deadline_when_the_database_hangs(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ops_views, "_check_database_sync", lambda: time.sleep(6))
+    monkeypatch.setattr(ops, "_check_database_sync", lambda: time.sleep(6))
     started = time.monotonic()
     res = Client().get("/readyz")
-    assert time.monotonic() - started < ops_views.READY_TIMEOUT_SECONDS + 2
+    assert time.monotonic() - started < ops.READY_TIMEOUT_SECONDS + 2
     assert res.status_code == HTTPStatus.SERVICE_UNAVAILABLE
     assert "timed out" in res.json()["checks"]["database"]["detail"]
 

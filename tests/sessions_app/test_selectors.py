@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from sessions_app import queries, selectors
+from sessions_app import gateway_reads, statements
 from sessions_app.lifecycle import runs, sessions
 from sessions_app.models import Message
 
@@ -20,22 +20,22 @@ def test_list_filters_search_and_pages(owner: Any, request_for: Callable[..., An
     for i in range(5):
         sessions.create_session(owner_id=owner.pk, key=f"agent:main:s{i}", label=f"Label {i}")
     runs.admit_send(request_for("r1", key="agent:main:s1"), owner_process="")
-    page = selectors.list_sessions(owner.pk, limit=2, offset=0)
+    page = gateway_reads.list_sessions(owner.pk, limit=2, offset=0)
     assert page.total == 5 and [s.key for s in page.sessions] == ["agent:main:s1", "agent:main:s4"]
-    assert [s.key for s in selectors.list_sessions(owner.pk, status="running").sessions] == ["agent:main:s1"]
-    assert selectors.list_sessions(owner.pk, status="none").total == 4
-    assert [s.key for s in selectors.list_sessions(owner.pk, search="label 3").sessions] == ["agent:main:s3"]
-    assert selectors.list_sessions(owner.pk + 1).total == 0
+    assert [s.key for s in gateway_reads.list_sessions(owner.pk, status="running").sessions] == ["agent:main:s1"]
+    assert gateway_reads.list_sessions(owner.pk, status="none").total == 4
+    assert [s.key for s in gateway_reads.list_sessions(owner.pk, search="label 3").sessions] == ["agent:main:s3"]
+    assert gateway_reads.list_sessions(owner.pk + 1).total == 0
 
 
 def test_a_session_and_the_runs_its_row_names_come_in_one_statement(request_for: Callable[..., Any]) -> None:
     outcome = runs.admit_send(request_for("r1"), owner_process="")
     with CaptureQueriesContext(connection) as ctx:
-        session = selectors.session_by_pk(outcome.session.pk)
+        session = gateway_reads.session_by_pk(outcome.session.pk)
         assert session is not None
-        assert queries.run_id_of(session, "active_run") == "r1" and queries.run_id_of(session, "last_run") == "r1"
-        assert [s.key for s in selectors.owner_sessions(outcome.session.owner_id)] == [session.key]
-        assert queries.run_id_of(selectors.owner_sessions(None).get(), "active_run") == "r1"
+        assert statements.run_id_of(session, "active_run") == "r1" and statements.run_id_of(session, "last_run") == "r1"
+        assert [s.key for s in gateway_reads.owner_sessions(outcome.session.owner_id)] == [session.key]
+        assert statements.run_id_of(gateway_reads.owner_sessions(None).get(), "active_run") == "r1"
     assert len(ctx.captured_queries) == 3
 
 
@@ -45,9 +45,9 @@ def test_transcript_pages_and_open_runs(owner: Any, request_for: Callable[..., A
     session = first.session
     for i in range(4):
         Message.objects.create(session=session, session_generation=session.session_id, role="user", text=f"m{i}")
-    page = selectors.transcript(session, limit=3)
+    page = gateway_reads.transcript(session, limit=3)
     assert [m.text for m in page.messages] == ["m1", "m2", "m3"] and page.has_more
-    older = selectors.transcript(session, limit=3, before_id=page.messages[0].pk)
+    older = gateway_reads.transcript(session, limit=3, before_id=page.messages[0].pk)
     assert [m.text for m in older.messages] == ["hello", "m0"] and not older.has_more
     assert page.active is not None and page.active.run_id == "r1"
     assert [r.run_id for r in page.queued] == ["r2"]
@@ -56,8 +56,8 @@ def test_transcript_pages_and_open_runs(owner: Any, request_for: Callable[..., A
 def test_queue_position(request_for: Callable[..., Any]) -> None:
     active = runs.admit_send(request_for("r1"), owner_process="").run
     queued = [runs.admit_send(request_for(f"q{i}"), owner_process="").run for i in range(3)]
-    assert selectors.queue_position(active) is None  # type: ignore[arg-type]
-    assert [selectors.queue_position(r) for r in queued] == [1, 2, 3]  # type: ignore[arg-type]
+    assert gateway_reads.queue_position(active) is None  # type: ignore[arg-type]
+    assert [gateway_reads.queue_position(r) for r in queued] == [1, 2, 3]  # type: ignore[arg-type]
 
 
 def test_context_is_bounded_by_what_the_backend_reads(request_for: Callable[..., Any]) -> None:
@@ -67,13 +67,13 @@ def test_context_is_bounded_by_what_the_backend_reads(request_for: Callable[...,
     Message.objects.bulk_create(
         Message(session=session, session_generation=session.session_id, role="user", text=f"old{i}") for i in range(50)
     )
-    assert selectors.context_messages(run, limit=0) == []
+    assert gateway_reads.context_messages(run, limit=0) == []
     # the newest messages of the generation, oldest first, however long the session is
-    assert [m.text for m in selectors.context_messages(run, limit=3)] == ["old47", "old48", "old49"]
+    assert [m.text for m in gateway_reads.context_messages(run, limit=3)] == ["old47", "old48", "old49"]
 
 
 def test_open_run_counts(request_for: Callable[..., Any]) -> None:
     runs.admit_send(request_for("r1"), owner_process="")
     runs.admit_send(request_for("r2"), owner_process="")
-    assert selectors.open_run_counts() == (1, 1)
-    assert selectors.get_run(999) is None
+    assert gateway_reads.open_run_counts() == (1, 1)
+    assert gateway_reads.get_run(999) is None

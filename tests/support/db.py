@@ -69,15 +69,15 @@ def rows_from_events(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def drop_broadcasts(monkeypatch: Any, lost: Any) -> None:
     """Make the channel layer lose every broadcast for which `lost(message)` is true."""
-    from chat import delivery
+    from chat.delivery import broadcaster
 
-    real = delivery.agroup_send_all
+    real = broadcaster.agroup_send_all
 
     async def lossy(owner_id: int, message: dict[str, Any]) -> None:
         if not lost(message):
             await real(owner_id, message)
 
-    monkeypatch.setattr(delivery, "agroup_send_all", lossy)
+    monkeypatch.setattr(broadcaster, "agroup_send_all", lossy)
 
 
 def is_row_message(message: dict[str, Any]) -> bool:

@@ -13,9 +13,9 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 from twisted.internet import reactor
 
-from chat.outbound import with_buffer_probe
 from chat.runtime.gateway import runtime
-from chat.serving import header_deadline
+from chat.web.serving import header_deadline
+from chat.websocket.outbound import with_buffer_probe
 from gatewayproject.asgi import application
 from gatewayproject.logs import access_logger
 

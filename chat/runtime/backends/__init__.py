@@ -6,8 +6,8 @@ from typing import Any
 
 from django.conf import settings
 
-from .base import AgentBackend, BackendError, BackendTimeout, DispatchError, RunContext, capped
-from .scripted import ScriptedBackend
+from chat.runtime.backends.base import AgentBackend, BackendError, BackendTimeout, DispatchError, RunContext, capped
+from chat.runtime.backends.scripted import ScriptedBackend
 
 __all__ = ["AgentBackend", "BackendError", "BackendTimeout", "DispatchError", "RunContext", "capped", "get_backend"]
 
@@ -17,7 +17,7 @@ def _backend_class(name: str) -> type[AgentBackend] | None:
         return ScriptedBackend
     if name == "openai":
         try:  # imported on first use: the openai SDK is heavy, and a gateway may run without it
-            from .openai_backend import OpenAIBackend
+            from chat.runtime.backends.openai_backend import OpenAIBackend
         except ImportError:
             return None
         return OpenAIBackend

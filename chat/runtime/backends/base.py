@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ... import outbound
+from chat.websocket import outbound
 
 
 class DispatchError(Exception):
@@ -74,7 +74,7 @@ class AgentBackend(ABC):
 
 
 class CappedStream:
-    """A backend's stream cut at `max_bytes` of encoded text (`chat.outbound`); a cut run ends
+    """A backend's stream cut at `max_bytes` of encoded text (`chat.websocket.outbound`); a cut run ends
     `final` with stopReason `length`, so no event of it can outgrow `maxPayload`.
 
     A class, not a generator: closing it closes the backend's stream even when it was never

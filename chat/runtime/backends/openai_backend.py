@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 
 import openai
 
-from .base import AgentBackend, BackendError, BackendTimeout, DispatchError, RunContext
+from chat.runtime.backends.base import AgentBackend, BackendError, BackendTimeout, DispatchError, RunContext
 
 log = logging.getLogger(__name__)
 

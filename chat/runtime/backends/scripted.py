@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .base import AgentBackend, BackendError, DispatchError, RunContext
+from chat.runtime.backends.base import AgentBackend, BackendError, DispatchError, RunContext
 
 DIRECTIVE_RE = re.compile(r"\[\[(delay|tick|words|fail|hang|verbatim)(?::([A-Za-z0-9]+))?\]\]")
 

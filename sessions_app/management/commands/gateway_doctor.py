@@ -4,8 +4,8 @@ from typing import Any
 
 from django.core.management.base import CommandParser
 
-from sessions_app import doctor
 from sessions_app.management.opscommand import Findings, OpsCommand
+from sessions_app.operations import doctor
 
 
 class Command(OpsCommand):

@@ -3,7 +3,7 @@
 from typing import Any
 
 from sessions_app.management.opscommand import OpsCommand
-from sessions_app.recovery import recover
+from sessions_app.operations.recovery import recover
 
 
 class Command(OpsCommand):

@@ -6,7 +6,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from sessions_app.management.opscommand import OpsCommand
-from sessions_app.seed import seed_demo_data
+from sessions_app.operations.seed import seed_demo_data
 
 
 class Command(OpsCommand):

@@ -1,0 +1,161 @@
+"""Delivery repair (§9), batched per process.
+
+Channel layers drop messages when a channel is full and do not order messages across
+groups. Every `GATEWAY_REPAIR_SECONDS / 2` the run manager asks the database, once
+for all connections of the process, for what changed since its last pass: the
+terminal state of runs the connections saw open, runs that ended, rows that changed
+and known sessions that disappeared. Each connection takes its share and sends what
+it missed; its own filters drop what it already sent.
+
+The process keeps one scan position per stream (ended runs, changed rows). When it
+is caught up, each pass looks back a margin (a transaction's timestamps precede its
+commit); when a burst fills a batch, the next pass continues from a keyset cursor
+(timestamp, pk), so the scan always moves forward.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Protocol
+
+from django.conf import settings
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+
+from chat.delivery import agent_events
+from chat.protocol import wire
+from chat.runtime.db import db_read
+from sessions_app import gateway_reads
+from sessions_app.models import TERMINAL_STATES, ChatSession, Run
+
+if TYPE_CHECKING:
+    from chat.websocket.connection import ConnectionState
+
+log = logging.getLogger(__name__)
+BATCH = 500
+
+
+@dataclass
+class EndedRun:
+    owner_id: int
+    ended_at: datetime
+    payload: dict[str, Any]
+    facts: dict[str, Any] | None = None  # for its `agent` events
+
+
+@dataclass
+class Snapshot:
+    """What the database says, for the union of the connections' interests."""
+
+    asked: set[int] = field(default_factory=set)  # the open runs asked about
+    runs: dict[int, dict[str, Any]] = field(default_factory=dict)  # of those, the ones found: state (+ payload)
+    ended: dict[int, EndedRun] = field(default_factory=dict)  # runs that ended since the last pass
+    rows: dict[int, tuple[int, dict[str, Any]]] = field(default_factory=dict)  # session pk -> (owner, row)
+    checked: set[int] = field(default_factory=set)  # session pks whose existence was checked
+    existing: set[int] = field(default_factory=set)
+
+
+@dataclass
+class Position:
+    """Where one scan resumes: caught up at `since`, or mid-burst after `cursor`."""
+
+    since: datetime
+    cursor: tuple[datetime, int] | None = None
+
+    def window(self, qs: QuerySet[Any], ts: str) -> QuerySet[Any]:
+        if self.cursor is not None:
+            at, pk = self.cursor
+            return qs.filter(Q(**{f"{ts}__gt": at}) | Q(**{ts: at, "pk__gt": pk}))
+        return qs.filter(**{f"{ts}__gte": self.since - margin()})
+
+    def advance(self, batch: list[Any], ts: str, scan_started: datetime) -> None:
+        if len(batch) == BATCH:
+            self.cursor = (getattr(batch[-1], ts), batch[-1].pk)
+        else:
+            self.cursor = None
+            self.since = scan_started
+
+
+@dataclass
+class Scanner:
+    """The scan positions of one process."""
+
+    runs: Position = field(default_factory=lambda: Position(timezone.now()))
+    rows: Position = field(default_factory=lambda: Position(timezone.now()))
+
+
+class Repairable(Protocol):
+    """A connection: its state, and a way to send it events."""
+
+    state: ConnectionState
+
+    async def send_events(self, events: list[tuple[str, dict[str, Any]]]) -> None: ...
+
+
+def margin() -> timedelta:
+    """How far back a caught-up scan looks again: a transaction's timestamps precede its commit."""
+    return timedelta(seconds=max(5.0, settings.GATEWAY_REPAIR_SECONDS * 2))
+
+
+def take_snapshot(
+    scanner: Scanner, open_runs: set[int], owners: set[int] | None, want_rows: bool, known_sessions: set[int]
+) -> Snapshot:
+    """Read everything one repair pass needs, in a handful of indexed queries."""
+    scan_started = timezone.now()
+    snap = Snapshot(asked=set(open_runs))
+    if open_runs:
+        for run in Run.objects.select_related("session").filter(pk__in=open_runs):
+            entry: dict[str, Any] = {"state": run.state}
+            if run.state in TERMINAL_STATES:
+                entry["payload"] = wire.chat_payload(run, run.session.key)
+                entry["facts"] = agent_events.run_facts(run)
+            snap.runs[run.pk] = entry
+    ended = scanner.runs.window(Run.objects.select_related("session").exclude(ended_at=None), "ended_at")
+    if owners is not None:
+        ended = ended.filter(session__owner_id__in=owners)
+    batch = list(ended.order_by("ended_at", "pk")[:BATCH])
+    for run in batch:
+        assert run.ended_at is not None
+        snap.ended[run.pk] = EndedRun(
+            run.session.owner_id, run.ended_at, wire.chat_payload(run, run.session.key), agent_events.run_facts(run)
+        )
+    scanner.runs.advance(batch, "ended_at", scan_started)
+    if want_rows:
+        changed = scanner.rows.window(gateway_reads.owner_sessions(None), "updated_at")
+        if owners is not None:
+            changed = changed.filter(owner_id__in=owners)
+        page = list(changed.order_by("updated_at", "pk")[:BATCH])
+        for session, row in zip(page, wire.session_rows(page), strict=True):
+            snap.rows[session.pk] = (session.owner_id, row)
+        scanner.rows.advance(page, "updated_at", scan_started)
+    else:
+        scanner.rows = Position(scan_started)  # nobody listens: start from now when someone does
+    if known_sessions:
+        snap.checked = set(known_sessions)
+        snap.existing = set(ChatSession.objects.filter(pk__in=known_sessions).values_list("pk", flat=True))
+    return snap
+
+
+async def repair(connections: list[Repairable], scanner: Scanner) -> None:
+    """One repair pass for these connections (all of a process's)."""
+    live = [c for c in connections if c.state.authed]
+    if not live:
+        return
+    open_runs: set[int] = set()
+    for c in live:
+        open_runs.update(c.state.open_run_pks())
+    owners = None if any(c.state.subscribed_all for c in live) else {c.state.user_id for c in live}
+    subscribed = [c for c in live if c.state.subscribed]
+    known: set[int] = set()
+    for c in subscribed:
+        known.update(c.state.rows)
+    snap = await db_read(take_snapshot, scanner, open_runs, owners, bool(subscribed), known)
+    for c in live:
+        try:
+            events = c.state.repair_events(snap)
+            if events:
+                await c.send_events(events)
+        except Exception:  # one connection must not stop the others; its failure is news (it misses events)
+            log.warning("repair of one connection failed", exc_info=True)

@@ -1,0 +1,1 @@
+"""The request methods: chat.*, sessions.*, agents.list (handlers) and the `agent` method (agent)."""

@@ -1,0 +1,445 @@
+"""Request handlers: validate with `protocol`, act through the lifecycle services and selectors,
+answer with `wire`. Each declares its method name and the scope it needs."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from django.conf import settings
+
+from chat.delivery import groups
+from chat.protocol import frames, wire
+from chat.protocol.frames import ProtocolError, Scope, invalid
+from chat.protocol.wire import AckStatus
+from chat.runtime.backends import get_backend
+from chat.runtime.db import db_read, db_write
+from chat.runtime.gateway import runtime
+from chat.web import metrics
+from chat.websocket import outbound
+from chat.websocket.connection import ConnectionState
+from sessions_app import gateway_reads
+from sessions_app.lifecycle import LifecycleError, runs, sessions
+from sessions_app.lifecycle.runs import SendOutcome, SendRequest
+from sessions_app.models import RunState
+
+
+class Conn(Protocol):
+    """What handlers need from the connection."""
+
+    state: ConnectionState
+
+    async def join_group(self, group: str) -> None: ...
+
+    async def send_events(self, events: list[tuple[str, dict[str, Any]]]) -> None: ...
+
+
+@dataclass
+class Reply:
+    """A response: ok payload, or error (with an optional payload, as the `error` ack has)."""
+
+    payload: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    # A held answer (waitMs; agent's final), sent later. With a payload or error too, that is
+    # answered first: two responses under one request id (agent, §12).
+    wait: Callable[[], Awaitable[Reply]] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+Handler = Callable[[Conn, dict[str, Any]], Awaitable[Reply]]
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    scope: Scope
+    handler: Handler
+
+
+METHODS: dict[str, Method] = {}
+
+
+def method(name: str, *, scope: Scope) -> Callable[[Handler], Handler]:
+    """Register a handler for `name`, callable with `scope`."""
+
+    def register(fn: Handler) -> Handler:
+        METHODS[name] = Method(name, scope, fn)
+        return fn
+
+    return register
+
+
+def lookup(name: str, state: ConnectionState) -> Method:
+    """The method a request names, if it exists and the connection has its scope."""
+    found = METHODS.get(name)
+    if found is None:
+        raise invalid(f"unknown method: {name}", code="UNKNOWN_METHOD", field="method")
+    if found.scope not in state.scopes:
+        raise ProtocolError("FORBIDDEN", f"{name} needs scope {found.scope}")
+    return found
+
+
+async def dispatch(conn: Conn, name: str, params: dict[str, Any]) -> Reply:
+    """Run the handler of a request, metered."""
+    reply: Reply = await metrics.call_handler(name, lookup(name, conn.state).handler, conn, params)
+    return reply
+
+
+async def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run a lifecycle service on the writer, mapping domain errors to protocol errors."""
+    try:
+        return await db_write(fn, *args, urgent=True, **kwargs)  # a client waits for its answer
+    except LifecycleError as exc:
+        raise ProtocolError(exc.code, exc.message, **exc.details) from exc
+
+
+# --- health -----------------------------------------------------------------------------------
+
+
+@method("health", scope=Scope.READ)
+async def health(conn: Conn, params: dict[str, Any]) -> Reply:
+    # gateway-wide load is for operators; a user sees the runs of their own sessions
+    active, queued = await db_read(gateway_reads.open_run_counts, None if conn.state.is_admin else conn.state.user_id)
+    return Reply(
+        {
+            "ok": True,
+            "ts": wire.now_ms(),
+            "version": settings.GATEWAY_VERSION,
+            "activeRuns": active,
+            "queuedRuns": queued,
+        }
+    )
+
+
+# --- chat.send / sessions.steer ------------------------------------------------------------------
+
+
+def refuse_unadmitted(outcome: SendOutcome) -> None:
+    """Raise the error of an admission that produced no run of its own: a conflict, a full queue."""
+    if outcome.admission == "conflict":
+        raise ProtocolError(
+            "CONFLICT",
+            "idempotencyKey was already used with a different message",
+            field="idempotencyKey",
+            reason="idempotency-conflict",
+        )
+    if outcome.admission == "queue_full":
+        raise ProtocolError(
+            "RATE_LIMITED",
+            f"the session queue is full ({settings.GATEWAY_QUEUE_MAX})",
+            reason="queue-full",
+            retryable=True,
+            retry_after_ms=1000,
+        )
+
+
+def _ack_reply(conn: Conn, outcome: SendOutcome, status: AckStatus | None = None) -> Reply:
+    """The ack of an admission (or, for a held ack, of the run as it is now)."""
+    refuse_unadmitted(outcome)
+    session, run = outcome.session, outcome.run
+    assert run is not None
+    status = status or wire.ack_status(outcome)
+    conn.state.track_run(
+        run.pk,
+        terminal=status in wire.TERMINAL_ACKS,
+        run_id=run.run_id,
+        session_key=session.key,
+        session_id=str(run.session_generation),
+    )
+    payload = wire.ack_payload(
+        run,
+        status,
+        session.key,
+        str(session.session_id),
+        queuePosition=outcome.queue_position if status in (AckStatus.QUEUED, AckStatus.IN_FLIGHT) else None,
+        interruptedActiveRun=True if outcome.interrupted_active_run else None,
+    )
+    if status == AckStatus.ERROR:
+        return Reply(payload, {"code": "UNAVAILABLE", "message": payload.get("summary", "run failed")})
+    return Reply(payload)
+
+
+async def _send(conn: Conn, params: dict[str, Any], *, steer: bool) -> Reply:
+    send = frames.parse_chat_send(params)
+    if steer:
+        send.queue_mode = "interrupt"
+    if send.command is not None:
+        return await command(conn, send)
+    if send.wait_ms > 0:
+        check_held(conn, "waitMs")
+    outcome = await admit(conn, send, steer=steer)
+    reply = _ack_reply(conn, outcome)
+    if send.wait_ms > 0 and outcome.run is not None and wire.ack_status(outcome) in wire.LIVE_ACKS:
+        return Reply(wait=lambda: _held_ack(conn, outcome, send))
+    return reply
+
+
+def check_held(conn: Conn, field: str) -> None:
+    """Refuse one more held answer over the connection's limit (nothing is stored)."""
+    if conn.state.held_acks >= settings.GATEWAY_MAX_HELD_ACKS:
+        raise ProtocolError(
+            "RATE_LIMITED",
+            f"at most {settings.GATEWAY_MAX_HELD_ACKS} answers may be held at once",
+            field=field,
+            reason="too-many-held-acks",
+            retryable=True,
+            retry_after_ms=1000,
+        )
+
+
+async def admit(conn: Conn, send: frames.ChatSendParams, *, steer: bool = False) -> SendOutcome:
+    """Admission of a validated send (chat.send, sessions.steer, agent): one path for all."""
+    if not runtime.accepting:
+        raise ProtocolError("UNAVAILABLE", "server is shutting down", retryable=True, retry_after_ms=1000)
+    # A key seen before is answered from what is stored, without a write (§4).
+    outcome = await db_read(_known_send, conn.state.user_id, send)
+    if outcome is None:
+        outcome = await _admit(conn, send, steer=steer)
+    return outcome
+
+
+def _known_send(owner_id: int, send: frames.ChatSendParams) -> SendOutcome | None:
+    """The outcome of a send whose key its session already has, or None for a new key."""
+    run = gateway_reads.find_run(owner_id, send.key, send.run_id)
+    if run is None:
+        return None
+    if run.body_hash != send.body_hash:
+        return SendOutcome("conflict", run, run.session)
+    return SendOutcome("existing", run, run.session, gateway_reads.queue_position(run))
+
+
+async def _admit(conn: Conn, send: frames.ChatSendParams, *, steer: bool) -> SendOutcome:
+    backend = get_backend(send.agent_id)
+    setup_error = (
+        f"agent {send.agent_id!r} has no usable backend"
+        if backend is None
+        else backend.check_setup(send.message, send.attachments)
+    )
+    request = SendRequest(
+        owner_id=conn.state.user_id,
+        key=send.key,
+        agent_id=send.agent_id,
+        run_id=send.run_id,
+        message=send.message,
+        body_hash=send.body_hash,
+        timeout_ms=send.timeout_ms,
+        attachments=send.attachments,
+        queue_mode=send.queue_mode,
+        interrupt_reason="steer" if steer else "interrupt",
+        setup_error=setup_error,
+    )
+    outcome: SendOutcome = await call(runs.admit_send, request, owner_process=runtime.owner_for_new_runs())
+    return outcome
+
+
+async def _held_ack(conn: Conn, outcome: SendOutcome, send: frames.ChatSendParams) -> Reply:
+    """The ack of a send with `waitMs`: the run's outcome once it ends, or its live state at the deadline."""
+    assert outcome.run is not None
+    first = wire.ack_status(outcome)
+    session = outcome.session
+    run = await runtime.executor.wait_terminal(outcome.run.pk, send.wait_ms / 1000)
+    if run is None:
+        # Gone with its deleted session: that ended it (aborted, stopReason delete).
+        conn.state.track_run(
+            outcome.run.pk,
+            terminal=True,
+            run_id=send.run_id,
+            session_key=session.key,
+            session_id=str(session.session_id),
+        )
+        return Reply(
+            wire.ack_payload(
+                None, AckStatus.TIMEOUT, session.key, str(session.session_id), runId=send.run_id, stopReason="delete"
+            )
+        )
+    # Rebuilt from the run as it is now: a terminal ack once it has ended, a fresh
+    # queue position while it waits.
+    status = wire.replay_ack(run)
+    if status == AckStatus.IN_FLIGHT and first != AckStatus.IN_FLIGHT:
+        status = AckStatus.QUEUED if run.state == RunState.QUEUED else AckStatus.STARTED
+    position = await db_read(gateway_reads.queue_position, run) if status != AckStatus.STARTED else None
+    return _ack_reply(conn, SendOutcome(outcome.admission, run, session, position), status)
+
+
+async def command(conn: Conn, send: frames.ChatSendParams) -> Reply:
+    """Inline commands: no run is created (§4)."""
+    command = send.command
+    assert command is not None
+    owner_id = conn.state.user_id
+    if command in frames.STOP_COMMANDS:
+        session, killed = await call(
+            sessions.abort_all,
+            owner_id=owner_id,
+            key=send.key,
+            stop_reason="stop",
+            actor="user",
+            create=True,
+            agent_id=send.agent_id,
+        )
+    else:
+        session, killed = await call(
+            sessions.reset_session, owner_id=owner_id, key=send.key, create=True, agent_id=send.agent_id
+        )
+    payload = wire.ack_payload(
+        None, AckStatus.OK, session.key, str(session.session_id), runId=send.run_id, aborted=bool(killed), runIds=killed
+    )
+    payload["command"] = command
+    return Reply(payload)
+
+
+@method("chat.send", scope=Scope.WRITE)
+async def chat_send(conn: Conn, params: dict[str, Any]) -> Reply:
+    return await _send(conn, params, steer=False)
+
+
+@method("sessions.steer", scope=Scope.WRITE)
+async def sessions_steer(conn: Conn, params: dict[str, Any]) -> Reply:
+    # The chat.send ack, unchanged: a terminal status stays terminal (§7).
+    return await _send(conn, params, steer=True)
+
+
+# --- chat.abort / chat.history ----------------------------------------------------------------
+
+
+@method("chat.abort", scope=Scope.WRITE)
+async def chat_abort(conn: Conn, params: dict[str, Any]) -> Reply:
+    key, _agent = frames.session_key_param(params)
+    run_id = frames.get_str(params, "runId", required=False, max_len=128, pattern=frames.RUN_ID_RE)
+    outcome = await call(
+        sessions.abort, owner_id=conn.state.user_id, key=key, run_id=run_id, owner_process=runtime.owner_for_new_runs()
+    )
+    return Reply({"aborted": outcome.aborted, "runIds": outcome.run_ids})
+
+
+def _history(owner_id: int, key: str, limit: int, before_id: int | None) -> dict[str, Any]:
+    session = gateway_reads.find_session(owner_id, key)
+    if session is None:
+        # A key that was never used is an empty conversation, not an error.
+        return {
+            "sessionKey": key,
+            "sessionId": None,
+            "messages": [],
+            "hasMore": False,
+            "session": None,
+            "queuedRuns": [],
+        }
+    return wire.history(session, gateway_reads.transcript(session, limit=limit, before_id=before_id))
+
+
+@method("chat.history", scope=Scope.READ)
+async def chat_history(conn: Conn, params: dict[str, Any]) -> Reply:
+    key, _agent = frames.session_key_param(params)
+    limit = frames.get_int(params, "limit", lo=1, hi=1000, default=200) or 200
+    before_id = frames.get_message_id(params, "beforeId")
+    # paged by bytes as well as by count: the page must fit in one frame (maxPayload)
+    return Reply(outbound.fit_history(await db_read(_history, conn.state.user_id, key, limit, before_id)))
+
+
+# --- agents.list -------------------------------------------------------------------------------
+
+
+@method("agents.list", scope=Scope.READ)
+async def agents_list(conn: Conn, params: dict[str, Any]) -> Reply:
+    """The configured agents (id, display name, model, backend), for a client's agent picker."""
+    return Reply({"agents": wire.agents(settings.GATEWAY_AGENTS), "defaultId": "main"})
+
+
+# --- sessions.* --------------------------------------------------------------------------------
+
+LIST_STATUSES = {"running", "done", "failed", "killed", "timeout", "none"}
+
+
+def _list(owner_id: int, offset: int, **filters: Any) -> dict[str, Any]:
+    return wire.session_list(gateway_reads.list_sessions(owner_id, offset=offset, **filters), offset)
+
+
+@method("sessions.list", scope=Scope.READ)
+async def sessions_list(conn: Conn, params: dict[str, Any]) -> Reply:
+    limit = frames.get_int(params, "limit", lo=1, hi=500, default=100) or 100
+    offset = frames.get_int(params, "offset", lo=0, hi=10_000_000, default=0) or 0
+    status = frames.get_str(params, "status", required=False, max_len=16)
+    if status is not None and status not in LIST_STATUSES:
+        raise invalid("status must be one of " + ", ".join(sorted(LIST_STATUSES)), field="status")
+    active_only = frames.get_bool(params, "activeOnly")
+    search = frames.get_str(params, "search", required=False, min_len=0, max_len=200)
+    return Reply(
+        await db_read(
+            _list,
+            conn.state.user_id,
+            offset,
+            limit=limit,
+            status=status,
+            active_only=active_only,
+            search=search or None,
+        )
+    )
+
+
+@method("sessions.subscribe", scope=Scope.READ)
+async def sessions_subscribe(conn: Conn, params: dict[str, Any]) -> Reply:
+    scope = frames.get_str(params, "scope", required=False, max_len=16)
+    if scope not in (None, "owner", "all"):
+        raise invalid("scope must be 'owner' or 'all'", field="scope")
+    if scope == "all" and not conn.state.is_admin:
+        raise ProtocolError("FORBIDDEN", "scope 'all' needs operator.admin")
+    conn.state.set_subscription(True, all_sessions=scope == "all")
+    if scope == "all":
+        await conn.join_group(groups.OPERATORS)
+    return Reply({"subscribed": True})
+
+
+@method("sessions.unsubscribe", scope=Scope.READ)
+async def sessions_unsubscribe(conn: Conn, params: dict[str, Any]) -> Reply:
+    conn.state.set_subscription(False)
+    return Reply({"subscribed": False})
+
+
+def _row(session_pk: int) -> dict[str, Any] | None:
+    return wire.row_of(session_pk)
+
+
+@method("sessions.create", scope=Scope.WRITE)
+async def sessions_create(conn: Conn, params: dict[str, Any]) -> Reply:
+    agent_id = frames.get_str(params, "agentId", required=False, max_len=64, pattern=frames.AGENT_ID_RE)
+    label = frames.get_str(params, "label", required=False, min_len=0, max_len=200) or ""
+    name = frames.session_key_name(params)
+    raw_key = frames.get_str(params, name, required=False, max_len=220)
+    key: str | None = None
+    if raw_key is not None:
+        if agent_id and not raw_key.startswith("agent:"):
+            raw_key = f"agent:{agent_id}:{raw_key}"
+        key, key_agent = frames.canonical_key(raw_key, field=name)
+        if agent_id and agent_id != key_agent:
+            raise invalid(f"agentId does not match {name}", field="agentId")
+        agent_id = key_agent
+    agent_id = agent_id or "main"
+    if agent_id not in settings.GATEWAY_AGENTS:
+        raise ProtocolError("NOT_FOUND", f"unknown agent: {agent_id}", field="agentId")
+    session = await call(sessions.create_session, owner_id=conn.state.user_id, key=key, label=label, agent_id=agent_id)
+    return Reply({"session": await db_read(_row, session.pk)})
+
+
+@method("sessions.patch", scope=Scope.WRITE)
+async def sessions_patch(conn: Conn, params: dict[str, Any]) -> Reply:
+    key, _agent = frames.session_key_param(params)
+    label = frames.get_str(params, "label", min_len=0, max_len=200)
+    session = await call(sessions.patch_session, owner_id=conn.state.user_id, key=key, label=label or "")
+    return Reply({"session": await db_read(_row, session.pk)})
+
+
+@method("sessions.reset", scope=Scope.WRITE)
+async def sessions_reset(conn: Conn, params: dict[str, Any]) -> Reply:
+    key, _agent = frames.session_key_param(params)
+    session, _killed = await call(sessions.reset_session, owner_id=conn.state.user_id, key=key)
+    return Reply({"session": await db_read(_row, session.pk)})
+
+
+@method("sessions.delete", scope=Scope.WRITE)
+async def sessions_delete(conn: Conn, params: dict[str, Any]) -> Reply:
+    key, _agent = frames.session_key_param(params)
+    await call(sessions.delete_session, owner_id=conn.state.user_id, key=key)
+    return Reply({"deleted": True, "sessionKey": key})

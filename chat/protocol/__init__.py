@@ -1,0 +1,1 @@
+"""Protocol v4 on the wire: frames parsed and validated (frames), payloads encoded (wire)."""

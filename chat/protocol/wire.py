@@ -1,0 +1,303 @@
+"""What the gateway says about its state: session rows, chat events, acks, history.
+
+Every payload here is made of JSON-safe primitives (channels-redis' msgpack rejects
+UUIDs and datetimes), so anything returned can go straight through a channel layer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from sessions_app import gateway_reads, statements
+from sessions_app.lifecycle.runs import SendOutcome
+from sessions_app.models import OPEN_STATES, ChatSession, Message, Run, RunState, SessionStatus
+
+
+class AckStatus(StrEnum):
+    """`chat.send` ack statuses (§4): a live run, or one that is already over."""
+
+    STARTED = "started"
+    QUEUED = "queued"
+    IN_FLIGHT = "in_flight"
+    OK = "ok"
+    TIMEOUT = "timeout"
+    ERROR = "error"
+
+
+LIVE_ACKS = (AckStatus.STARTED, AckStatus.QUEUED, AckStatus.IN_FLIGHT)
+TERMINAL_ACKS = (AckStatus.OK, AckStatus.TIMEOUT, AckStatus.ERROR)
+
+
+class ChatState(StrEnum):
+    """`chat` event states (§5)."""
+
+    STATUS = "status"
+    DELTA = "delta"
+    FINAL = "final"
+    ABORTED = "aborted"
+    ERROR = "error"
+
+
+TERMINAL_CHAT_STATES = (ChatState.FINAL, ChatState.ABORTED, ChatState.ERROR)
+
+# the ack a repeated key gets for its run's stored state (§4)
+_REPLAY_ACK = {
+    RunState.DONE: AckStatus.OK,
+    RunState.KILLED: AckStatus.TIMEOUT,
+    RunState.TIMEOUT: AckStatus.TIMEOUT,
+    RunState.FAILED: AckStatus.ERROR,
+}
+
+
+def ms(value: datetime | None) -> int | None:
+    """Epoch milliseconds (the protocol's time format), or None."""
+    return None if value is None else int(value.timestamp() * 1000)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+# --- session rows (§7) ----------------------------------------------------------------------------
+
+
+def session_row(session: ChatSession, queued: Sequence[str]) -> dict[str, Any]:
+    """The row of a session read with its runs (`gateway_reads.sessions_with_runs`)."""
+    # `running`, `hasActiveRun` and `activeRunIds` all come from the one active-run slot,
+    # read in the same statement as the row: they can never contradict each other.
+    active = statements.run_id_of(session, "active_run")
+    running = active is not None
+    started = session.started_at
+    ended = None if running else session.ended_at
+    runtime = None
+    if not running and started is not None and ended is not None:
+        runtime = max(0, int((ended - started).total_seconds() * 1000))
+    last = statements.run_id_of(session, "last_run")
+    return {
+        "key": session.key,
+        "sessionId": str(session.session_id),
+        "agentId": session.agent_id,
+        "label": session.label,
+        "kind": "direct",
+        "status": SessionStatus.RUNNING.value
+        if running
+        else (None if session.status == SessionStatus.RUNNING else session.status),
+        "hasActiveRun": running,
+        "activeRunIds": [active] if active is not None else [],
+        "queuedRunIds": list(queued),
+        "lastRunId": last,
+        "startedAt": ms(started),
+        "endedAt": ms(ended),
+        "runtimeMs": runtime,
+        "abortedLastRun": session.aborted_last_run,
+        "lastRunError": session.last_run_error or None,
+        "version": session.version,
+        "createdAt": ms(session.created_at),
+        "updatedAt": ms(session.updated_at),
+    }
+
+
+def session_rows(sessions: Sequence[ChatSession]) -> list[dict[str, Any]]:
+    """Rows for many sessions (read with their runs) with one more query, whatever their number."""
+    if len(sessions) == 1:  # the common case: one statement compiled once
+        return [session_row(sessions[0], statements.queued_run_ids(sessions[0].pk))]
+    queued = gateway_reads.queued_run_ids([s.pk for s in sessions]) if sessions else {}
+    return [session_row(s, queued.get(s.pk, ())) for s in sessions]
+
+
+def row_of(session_pk: int) -> dict[str, Any] | None:
+    """The row of one session as stored now, or None when it is gone."""
+    session = gateway_reads.session_by_pk(session_pk)
+    return session_rows([session])[0] if session is not None else None
+
+
+def row_event(row: dict[str, Any], reason: str, run_id: str | None = None) -> dict[str, Any]:
+    """A `sessions.changed` payload."""
+    payload: dict[str, Any] = {"sessionKey": row["key"], "reason": reason, "ts": now_ms(), "session": row}
+    if run_id:
+        payload["runId"] = run_id
+    return payload
+
+
+# --- chat events (§5) -----------------------------------------------------------------------------
+
+
+def run_details(run: Run) -> dict[str, Any]:
+    """Not in the spec: a finished run's `durationMs` and `usage`, when known."""
+    details: dict[str, Any] = {}
+    start = run.dispatched_at or run.started_at
+    if start is not None and run.ended_at is not None:
+        details["durationMs"] = max(0, int((run.ended_at - start).total_seconds() * 1000))
+    usage = {
+        name: value
+        for name, value in (("promptTokens", run.prompt_tokens), ("completionTokens", run.completion_tokens))
+        if value is not None
+    }
+    if usage:
+        details["usage"] = usage
+    return details
+
+
+def assistant_message(text: str, timestamp: int | None) -> dict[str, Any]:
+    return {"role": "assistant", "content": [{"type": "text", "text": text}], "timestamp": timestamp}
+
+
+def chat_payload(run: Run, session_key: str) -> dict[str, Any]:
+    """The `chat` event for the run's current state (status phase or terminal), at `run.stream_seq`."""
+    base: dict[str, Any] = {
+        "runId": run.run_id,
+        "sessionKey": session_key,
+        "sessionId": str(run.session_generation),
+        "seq": run.stream_seq,
+    }
+    state = run.state
+    if state in OPEN_STATES:
+        return {**base, "state": ChatState.STATUS.value, "phase": state}
+    if state == RunState.DONE:
+        return {
+            **base,
+            "state": ChatState.FINAL.value,
+            "stopReason": run.stop_reason or "stop",
+            "message": assistant_message(run.reply, ms(run.ended_at)),
+            **run_details(run),
+        }
+    if state == RunState.KILLED:
+        payload = {**base, "state": ChatState.ABORTED.value, "stopReason": run.stop_reason or "rpc", **run_details(run)}
+    else:
+        kind = run.error_kind or ("timeout" if state == RunState.TIMEOUT else "unknown")
+        payload = {
+            **base,
+            "state": ChatState.ERROR.value,
+            "errorKind": kind,
+            "errorMessage": run.error_message or state,
+            **run_details(run),
+        }
+    if run.reply:
+        payload["message"] = assistant_message(run.reply, ms(run.ended_at))
+    return payload
+
+
+def delta_payload(
+    run_id: str, session_key: str, session_id: str, seq: int, delta: str, text: str, ts: int
+) -> dict[str, Any]:
+    return {
+        "runId": run_id,
+        "sessionKey": session_key,
+        "sessionId": session_id,
+        "seq": seq,
+        "state": ChatState.DELTA.value,
+        "deltaText": delta,
+        "message": assistant_message(text, ts),
+    }
+
+
+# --- acks (§4) ------------------------------------------------------------------------------------
+
+
+def replay_ack(run: Run) -> AckStatus:
+    """The ack status a repeated key gets for `run`: `in_flight` while open, else its outcome."""
+    if run.state in OPEN_STATES:
+        return AckStatus.IN_FLIGHT
+    return _REPLAY_ACK[RunState(run.state)]
+
+
+def ack_status(outcome: SendOutcome) -> AckStatus:
+    """The ack status of an admission that produced a run (not a conflict or a full queue)."""
+    if outcome.admission == "existing":
+        assert outcome.run is not None
+        return replay_ack(outcome.run)
+    if outcome.admission == "rejected":
+        return AckStatus.ERROR
+    return AckStatus(outcome.admission)
+
+
+def ack_payload(run: Run | None, status: AckStatus, session_key: str, session_id: str, **extra: Any) -> dict[str, Any]:
+    """The chat.send acknowledgement for `status` (§4)."""
+    payload: dict[str, Any] = {
+        "runId": run.run_id if run else extra.pop("runId", None),
+        "status": status.value,
+        "sessionKey": session_key,
+        "sessionId": session_id,
+    }
+    if run is not None and status in TERMINAL_ACKS:
+        if status == AckStatus.OK:
+            payload["reply"] = run.reply
+            payload["stopReason"] = run.stop_reason or "stop"
+        elif status == AckStatus.TIMEOUT:
+            payload["stopReason"] = run.stop_reason or ("timeout" if run.state == RunState.TIMEOUT else "rpc")
+            if run.error_message:
+                payload["summary"] = run.error_message
+        else:
+            payload["summary"] = run.error_message or "run failed"
+            payload["errorKind"] = run.error_kind or "unknown"
+    payload.update({k: v for k, v in extra.items() if v is not None})
+    return payload
+
+
+# --- history and lists ----------------------------------------------------------------------------
+
+
+def message_item(msg: Message, runs: dict[int, Run]) -> dict[str, Any]:
+    item: dict[str, Any] = {
+        "id": str(msg.pk),
+        "role": msg.role,
+        "content": [{"type": "text", "text": msg.text}],
+        "timestamp": ms(msg.created_at),
+    }
+    run = runs.get(msg.run_id) if msg.run_id is not None else None
+    if run is not None:
+        item["runId"] = run.run_id
+    if msg.aborted:
+        item["aborted"] = True
+    if run is not None and msg.role == "assistant" and run.is_terminal:
+        item.update(run_details(run))
+    return item
+
+
+def history(session: ChatSession, transcript: gateway_reads.Transcript) -> dict[str, Any]:
+    """`chat.history` of the session's current generation, oldest first."""
+    payload: dict[str, Any] = {
+        "sessionKey": session.key,
+        "sessionId": str(session.session_id),
+        "messages": [message_item(m, transcript.runs) for m in transcript.messages],
+        "hasMore": transcript.has_more,
+        "session": session_row(session, [r.run_id for r in transcript.queued]),
+    }
+    active = transcript.active
+    if active is not None:
+        payload["inFlightRun"] = {"runId": active.run_id, "seq": active.stream_seq, "text": active.reply}
+    # Not in the spec: the queued messages themselves, so a reloaded page can show them.
+    payload["queuedRuns"] = [
+        {"runId": r.run_id, "text": r.message, "position": i + 1} for i, r in enumerate(transcript.queued)
+    ]
+    return payload
+
+
+def agents(configured: dict[str, dict[str, Any]]) -> list[dict[str, str]]:
+    """The agents a client may choose: id, display name, model, backend (nothing else of their config)."""
+    return [
+        {
+            "id": agent_id,
+            "name": str(config.get("name") or agent_id),
+            "model": str(config.get("model") or ""),
+            "backend": str(config.get("backend") or ""),
+        }
+        for agent_id, config in configured.items()
+    ]
+
+
+def session_list(page: gateway_reads.SessionPage, offset: int) -> dict[str, Any]:
+    rows = session_rows(page.sessions)
+    has_more = offset + len(rows) < page.total
+    return {
+        "ts": now_ms(),
+        "count": len(rows),
+        "totalCount": page.total,
+        "hasMore": has_more,
+        "nextOffset": offset + len(rows) if has_more else None,
+        "sessions": rows,
+    }

@@ -1,0 +1,1 @@
+"""HTTP: the chat page, operator endpoints (health, readiness, metrics), daphne transport guards."""

@@ -1,0 +1,1 @@
+"""One WebSocket connection: consumer, handshake, its filters, outbound limits, origin, rate limit, revocation."""

@@ -1,0 +1,194 @@
+"""What one connection has been told, and what it may be told next (no socket here).
+
+Each run's events reach the client in `seq` order with exactly one terminal and
+nothing after it; rows never go backwards; a repair snapshot yields just what this
+connection missed. The consumer asks, and sends what it is given.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.utils import timezone
+
+from chat.delivery import agent_events
+from chat.delivery.repair import Snapshot
+from chat.protocol import wire
+from chat.protocol.frames import Scope
+from sessions_app.models import TERMINAL_STATES
+
+MAX_TRACKED_RUNS = 2000
+# An event of a run unknown here written this long before the connection opened is not its news
+# (some slack for the clocks of the processes, which write events and open connections).
+STALE_EVENT_SECONDS = 2.0
+MAX_TRACKED_ROWS = 5000
+Event = tuple[str, dict[str, Any]]
+
+
+@dataclass
+class RunView:
+    """What this connection has delivered of one run."""
+
+    run_id: str
+    session_key: str
+    session_id: str
+    seq: int = 0
+    terminal: bool = False
+    replied: int = 0  # how much reply text its `agent` assistant events have carried
+
+
+@dataclass
+class RowSeen:
+    """The newest row this connection sent of one session (as sent: a dict, or the layer's JSON text)."""
+
+    version: int
+    deleted: bool
+    row: dict[str, Any] | None = None
+    row_json: str | None = None
+
+    def full(self) -> dict[str, Any]:
+        if self.row is None:
+            self.row = json.loads(self.row_json or "{}")
+        return self.row
+
+
+@dataclass
+class ConnectionState:
+    """The per-connection view: identity, subscription, and the run and row filters."""
+
+    user_id: int = 0
+    username: str = ""
+    scopes: list[str] = field(default_factory=list)
+    authed: bool = False
+    subscribed: bool = False
+    subscribed_all: bool = False
+    held_acks: int = 0
+    connected_at: datetime = field(default_factory=timezone.now)
+    runs: OrderedDict[int, RunView] = field(default_factory=OrderedDict)
+    rows: OrderedDict[int, RowSeen] = field(default_factory=OrderedDict)
+
+    @property
+    def is_admin(self) -> bool:
+        return Scope.ADMIN in self.scopes
+
+    # --- what methods tell it -------------------------------------------------------------------
+
+    def track_run(self, run_pk: int, *, terminal: bool, run_id: str, session_key: str, session_id: str) -> None:
+        """Remember a run this client knows of; a terminal ack closes it for this connection."""
+        view = self.runs.get(run_pk)
+        if view is None:
+            view = RunView(run_id, session_key, session_id)
+            self._remember(run_pk, view)
+        if terminal:
+            view.terminal = True
+
+    def set_subscription(self, subscribed: bool, *, all_sessions: bool = False) -> None:
+        self.subscribed = subscribed
+        self.subscribed_all = subscribed and all_sessions
+
+    # --- filters ------------------------------------------------------------------------------
+
+    def may_see(self, owner_id: int, *, via_operators: bool = False) -> bool:
+        """Own sessions come through the user group; others' only to admins subscribed to all."""
+        own = owner_id == self.user_id
+        if via_operators:
+            return not own and self.subscribed_all and self.is_admin
+        return own or (self.subscribed_all and self.is_admin)
+
+    def admit_chat(self, run_pk: int, payload: dict[str, Any]) -> bool:
+        """Whether this run event is news here: in `seq` order, nothing after a terminal, and
+        not an event of a run it never knew that was written before it connected.
+
+        A layer that lags (a loaded process) may hand a new connection events seconds old.
+        Taken, they would make it follow a run that, as like as not, ended before it
+        connected; repair (like `repair_events`' ended runs) never tells a connection of
+        those. What it knows of such runs comes from `sessions.list` and `chat.history`.
+        """
+        view = self.runs.get(run_pk)
+        if view is None:
+            written = payload.get("at")  # layer messages say when they were written (`delivery.chat_message`)
+            if written is not None and written < self.connected_at.timestamp() - STALE_EVENT_SECONDS:
+                return False
+            view = RunView(payload["runId"], payload["sessionKey"], payload["sessionId"])
+            self._remember(run_pk, view)
+        self.runs.move_to_end(run_pk)
+        seq = int(payload.get("seq", 0))
+        if view.terminal or seq <= view.seq:
+            return False
+        view.seq = seq
+        view.terminal = payload.get("state") in wire.TERMINAL_CHAT_STATES
+        return True
+
+    def admit_row(self, session_pk: int, payload: dict[str, Any]) -> bool:
+        """Whether this `sessions.changed` is news here: subscribed, and never older than what was sent."""
+        row = payload["session"]
+        return self._admit_row(session_pk, RowSeen(row["version"], bool(row.get("deleted")), row=row))
+
+    def admit_encoded_row(self, message: dict[str, Any]) -> bool:
+        """`admit_row` for a layer message whose payload is already encoded (`delivery.session_message`)."""
+        seen = RowSeen(message["version"], message["deleted"], row_json=message["row"])
+        return self._admit_row(int(message["session"]), seen)
+
+    def _admit_row(self, session_pk: int, seen: RowSeen) -> bool:
+        if not self.subscribed:
+            return False
+        known = self.rows.get(session_pk)
+        if known is not None and (seen.version < known.version or known.deleted):
+            return False
+        self.rows[session_pk] = seen
+        self.rows.move_to_end(session_pk)
+        while len(self.rows) > MAX_TRACKED_ROWS:
+            self.rows.popitem(last=False)
+        return True
+
+    def open_run_pks(self) -> list[int]:
+        return [pk for pk, view in self.runs.items() if not view.terminal]
+
+    # --- repair (§9) ------------------------------------------------------------------------------
+
+    def repair_events(self, snap: Snapshot) -> list[Event]:
+        """This connection's share of a repair snapshot; the filters drop what it already had."""
+        events: list[Event] = []
+        for pk, ended in snap.ended.items():
+            # not runs that ended before this connection existed: they are not its news
+            if (
+                ended.ended_at >= self.connected_at
+                and self.may_see(ended.owner_id)
+                and self.admit_chat(pk, ended.payload)
+            ):
+                events += agent_events.follow(self, pk, ended.payload, ended.facts)
+        for pk in self.open_run_pks():
+            if pk not in snap.asked:
+                continue  # opened after the snapshot was read: the next pass covers it
+            stored = snap.runs.get(pk)
+            if stored is None:
+                # Gone with its deleted session, and with it what its terminal was: nothing is
+                # made up; the run is closed here, and the row's deletion says the rest.
+                self.runs[pk].terminal = True
+            elif stored["state"] in TERMINAL_STATES and self.admit_chat(pk, stored["payload"]):
+                events += agent_events.follow(self, pk, stored["payload"], stored.get("facts"))
+        if not self.subscribed:
+            return events
+        for session_pk, (owner_id, row) in snap.rows.items():
+            known = self.rows.get(session_pk)
+            if self.may_see(owner_id) and (known is None or row["version"] > known.version):
+                payload = wire.row_event(row, "resync")
+                if self.admit_row(session_pk, payload):
+                    events.append(("sessions.changed", payload))
+        for session_pk in [pk for pk in self.rows if pk in snap.checked and pk not in snap.existing]:
+            known = self.rows[session_pk]
+            if not known.deleted:
+                payload = wire.row_event({**known.full(), "deleted": True, "version": known.version + 1}, "delete")
+                if self.admit_row(session_pk, payload):
+                    events.append(("sessions.changed", payload))
+        return events
+
+    def _remember(self, run_pk: int, view: RunView) -> None:
+        self.runs[run_pk] = view
+        self.runs.move_to_end(run_pk)
+        while len(self.runs) > MAX_TRACKED_RUNS:
+            self.runs.popitem(last=False)

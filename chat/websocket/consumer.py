@@ -1,0 +1,358 @@
+"""The gateway WebSocket consumer: frames in, frames out.
+
+Parsing lives in `protocol`, the handshake in `handshake`, methods in `methods`,
+what this connection may be told in `connection.ConnectionState`, state changes in
+`sessions_app.lifecycle`. The consumer translates between those and the socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import uuid
+from collections import deque
+from typing import Any
+
+from channels.consumer import get_handler_name
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+
+from chat.delivery import agent_events, groups
+from chat.delivery.broadcaster import encode
+from chat.methods import handlers
+from chat.protocol import frames, wire
+from chat.protocol.frames import ProtocolError, invalid
+from chat.runtime.db import db_read, db_write
+from chat.runtime.gateway import runtime
+from chat.web import metrics
+from chat.websocket import access, handshake, outbound
+from chat.websocket.connection import ConnectionState
+from chat.websocket.ratelimit import TokenBucket
+from gatewayproject import logs
+from sessions_app.tokens import authenticate_token, current_access, hash_token
+
+log = logging.getLogger(__name__)
+
+
+class GatewayConsumer(AsyncWebsocketConsumer):
+    """One client connection speaking protocol v4."""
+
+    # No channel of its own: the process's one channel receives for all its connections
+    # and hands each event to those that joined its group (`chat.delivery.hub`).
+    channel_layer_alias = None  # type: ignore[assignment]
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        # However the consumer ends (a handler fault, a failed send, cancellation), it leaves
+        # the registry and its groups: nothing keeps a dead connection alive.
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.release()
+
+    async def connect(self) -> None:
+        self.conn_id = uuid.uuid4().hex
+        logs.conn_id.set(self.conn_id)
+        self.state = ConnectionState()
+        self.outbound = outbound.Outbound(self, self.scope, self.release)
+        self.event_seq = 0
+        self.token_hash: str | None = None
+        self.session_key: str | None = None  # the login session of a cookie socket
+        self.identity = access.Identity()
+        self.bucket = TokenBucket()
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.busy = False
+        self.deferred: deque[dict[str, Any]] = deque()
+        await runtime.ensure_started()
+        await self.accept()
+        await self.send_event("connect.challenge", {"nonce": secrets.token_hex(16), "ts": wire.now_ms()})
+        self._spawn(self._connect_deadline())
+
+    async def disconnect(self, code: int) -> None:
+        metrics.websocket_closed(code)
+        await self.release()
+
+    async def release(self) -> None:
+        """Leave the registry and every group, stop this connection's tasks (idempotent)."""
+        runtime.connections.discard(self)
+        await runtime.hub.leave_all(self)
+        current = asyncio.current_task()
+        for task in list(getattr(self, "tasks", ())):
+            if task is not current:
+                task.cancel()
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        """Channels' dispatch, without its hop to the one sync thread before every message.
+
+        Channels closes stale database connections there (`aclose_old_connections`) for
+        handlers that use the ORM on that thread. This consumer never does: all database
+        work goes through `chat.runtime.db`, which looks after its own threads' connections. With
+        every event of every connection queueing for that one thread, the hop was the
+        gateway's main cost under fan-out.
+        """
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        if not message["type"].startswith("websocket."):
+            await handler(message)
+            return
+        # A client frame: events that arrive while it is handled wait for its answer, as a
+        # consumer's own channel would have made them (no event of a run before the ack
+        # that closes it for this connection, §4).
+        self.busy = True
+        try:
+            await handler(message)
+        finally:
+            while self.deferred:
+                await self.dispatch(self.deferred.popleft())
+            self.busy = False
+
+    async def deliver(self, message: dict[str, Any]) -> None:
+        """An event from the process's channel (`chat.delivery.hub`): now, or after the frame being handled."""
+        if self.busy:
+            self.deferred.append(message)
+        else:
+            await self.dispatch(message)
+
+    # --- inbound --------------------------------------------------------------------------------
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if bytes_data is not None or text_data is None:
+            if not self.state.authed:
+                await self._reject_first_frame(None)  # §2: any other first frame closes 4008
+                return
+            await self._reply_rate_limited_or("invalid", invalid("binary frames are not supported"))
+            return
+        if len(text_data) > settings.GATEWAY_MAX_PAYLOAD or len(text_data.encode()) > settings.GATEWAY_MAX_PAYLOAD:
+            await self.close(code=1009)  # daphne's own frame limit normally fires first
+            return
+        try:
+            request = frames.parse_frame(text_data)
+        except ProtocolError as exc:
+            if not self.state.authed:
+                await self._reject_first_frame(getattr(exc, "request_id", None))
+                return
+            await self._reply_rate_limited_or(getattr(exc, "request_id", None) or "invalid", exc)
+            return
+        if not self.state.authed:
+            if request.method != "connect":
+                await self._reject_first_frame(request.id)
+                return
+            await self._handshake(request)
+            return
+        await self._dispatch(request)
+
+    async def _reply_rate_limited_or(self, rid: str, exc: ProtocolError) -> None:
+        """Answer a frame that is not a request; it costs a token like any request."""
+        try:
+            self.bucket.take()
+        except ProtocolError as limited:
+            exc = limited
+        await self._reply_error(rid, exc)
+
+    async def _dispatch(self, request: frames.Request) -> None:
+        try:
+            self.bucket.take()
+            if request.method == "connect":
+                raise invalid("already connected", field="method")
+            reply = await handlers.dispatch(self, request.method, request.params)
+        except ProtocolError as exc:
+            await self._reply_error(request.id, exc)
+            return
+        except Exception:
+            log.exception("handler %s failed", request.method)
+            await self._reply_error(request.id, ProtocolError("INTERNAL", "internal error"))
+            return
+        if reply.wait is not None:
+            if reply.payload is not None or reply.error is not None:
+                await self._send_reply(request.id, reply)  # the first of two answers (agent)
+            self.state.held_acks += 1
+            self._spawn(self._send_held(request.id, reply))
+            return
+        await self._send_reply(request.id, reply)
+
+    async def _send_held(self, rid: str, reply: handlers.Reply) -> None:
+        assert reply.wait is not None
+        try:
+            final = await reply.wait()
+        except Exception:
+            log.exception("held ack failed")
+            await self._reply_error(rid, ProtocolError("INTERNAL", "internal error"))
+            return
+        finally:
+            self.state.held_acks -= 1
+        await self._send_reply(rid, final)
+
+    async def _send_reply(self, rid: str, reply: handlers.Reply) -> None:
+        if reply.error is not None:
+            await self._send_frame(frames.response_error(rid, reply.error, reply.payload))
+        else:
+            await self._send_frame(frames.response_ok(rid, reply.payload or {}))
+
+    # --- handshake ---------------------------------------------------------------------------------
+
+    async def _reject_first_frame(self, rid: str | None) -> None:
+        await self._reply_error(rid or "invalid", invalid("first request must be connect"))
+        await self.close(code=handshake.CLOSE_POLICY)
+
+    async def _handshake(self, request: frames.Request) -> None:
+        try:
+            params = handshake.parse_connect(request.params)
+        except handshake.HandshakeError as exc:
+            await self._reply_error(request.id, exc.error)
+            await self.close(code=exc.close_code)
+            return
+        identity = await self._identify(params)
+        if identity is None:
+            await self._reply_error(request.id, ProtocolError("UNAUTHORIZED", "authentication required"))
+            await self.close(code=handshake.CLOSE_POLICY)
+            return
+        state = self.state
+        if len(runtime.connections.of_user(identity[0])) >= settings.GATEWAY_MAX_CONNECTIONS_PER_USER:
+            # one user cannot crowd out everyone else (per process)
+            await self._reply_error(
+                request.id,
+                ProtocolError(
+                    "RATE_LIMITED",
+                    f"at most {settings.GATEWAY_MAX_CONNECTIONS_PER_USER} connections per user",
+                    reason="too-many-connections",
+                    retryable=True,
+                    retry_after_ms=5000,
+                ),
+            )
+            await self.close(code=handshake.CLOSE_TOO_MANY_CONNECTIONS)
+            return
+        state.user_id, state.username, staff = identity
+        self.identity = access.Identity(self.token_hash, access.session_digest(self.session_key))
+        state.scopes = handshake.granted_scopes(params.requested_scopes, staff=staff)
+        state.authed = True
+        await self.join_group(groups.user_group(state.user_id))
+        runtime.connections.add(self)
+        hello = handshake.hello_ok(
+            conn_id=self.conn_id, scopes=state.scopes, username=state.username, methods=list(handlers.METHODS)
+        )
+        await self._send_frame(frames.response_ok(request.id, hello))
+        self._spawn(self._tick_loop())
+
+    async def _identify(self, params: handshake.ConnectParams) -> tuple[int, str, bool] | None:
+        if params.has_token:
+            user = await db_write(authenticate_token, params.token, urgent=True)
+            self.token_hash = hash_token(params.token) if params.token is not None else None
+        else:
+            user = await db_read(_scope_user, self.scope)
+            session = self.scope.get("session")
+            self.session_key = getattr(session, "session_key", None) if user is not None else None
+        if user is None:
+            return None
+        return int(user.pk), user.get_username(), bool(getattr(user, "is_staff", False))
+
+    async def _connect_deadline(self) -> None:
+        await asyncio.sleep(settings.GATEWAY_CONNECT_TIMEOUT_MS / 1000)
+        if not self.state.authed:
+            await self.close(code=handshake.CLOSE_POLICY)
+
+    async def join_group(self, group: str) -> None:
+        """Receive a group's events for the rest of the connection (left on disconnect)."""
+        await runtime.hub.join(group, self)
+
+    # --- revocation (chat.websocket.access) ---------------------------------------------------------------------
+
+    async def gateway_access(self, message: dict[str, Any]) -> None:
+        """Something this user's sockets relied on was revoked."""
+        if not self.state.authed:
+            return
+        what = access.verdict(self.identity, message)
+        if what == "close":
+            await self.outbound.end(handshake.CLOSE_POLICY)
+        elif what == "downgrade":
+            await self._downgrade()
+
+    async def _downgrade(self) -> None:
+        """No longer staff: no admin scope, no view of other users' sessions."""
+        state = self.state
+        if not state.is_admin:
+            return
+        state.scopes = [s for s in state.scopes if s != frames.Scope.ADMIN]
+        if state.subscribed_all:
+            state.set_subscription(True)
+        await runtime.hub.leave(groups.OPERATORS, self)
+
+    # --- outbound: layer events -----------------------------------------------------------------------
+
+    async def gateway_chat(self, message: dict[str, Any]) -> None:
+        """A run event from the layer (its payload already encoded: see `delivery.chat_message`)."""
+        state = self.state
+        run_pk = int(message["run"])
+        if (
+            state.authed
+            and state.may_see(int(message["owner"]), via_operators=message.get("via") == "operators")
+            and state.admit_chat(run_pk, message)
+        ):
+            await self._send_event_json("chat", message["json"])
+            # then its `agent` events (§12), per connection: what this one has had of the reply
+            _chat, *followers = agent_events.follow(state, run_pk, message["payload"], message.get("agent"))
+            await self.send_events(followers)
+
+    async def gateway_session(self, message: dict[str, Any]) -> None:
+        """A sessions.changed from the layer (encoded: see `delivery.session_message`)."""
+        state = self.state
+        if (
+            state.authed
+            and state.may_see(int(message["owner"]), via_operators=message.get("via") == "operators")
+            and state.admit_encoded_row(message)
+        ):
+            await self._send_event_json("sessions.changed", message["json"])
+
+    # --- sending ----------------------------------------------------------------------------------------
+
+    async def send_events(self, events: list[tuple[str, dict[str, Any]]]) -> None:
+        for name, payload in events:
+            await self.send_event(name, payload)
+
+    async def send_event(self, name: str, payload: dict[str, Any]) -> None:
+        await self._send_event_json(name, encode(payload))
+
+    async def _send_event_json(self, name: str, payload_json: str) -> None:
+        self.event_seq += 1
+        await self.outbound.send(frames.event_frame_json(name, payload_json, self.event_seq))
+
+    async def send_shutdown(self, reason: str) -> None:
+        await self.send_event("shutdown", {"reason": reason})
+
+    async def _send_frame(self, frame: dict[str, Any]) -> None:
+        # Within maxPayload and maxBufferedBytes, or the connection ends cleanly (chat.websocket.outbound).
+        await self.outbound.send(encode(frame), response_id=frame["id"] if frame["type"] == "res" else None)
+
+    async def _reply_error(self, rid: str, exc: ProtocolError) -> None:
+        await self._send_frame(frames.response_error(rid, exc.to_error()))
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(settings.GATEWAY_TICK_INTERVAL_MS / 1000)
+            # The backstop of chat.websocket.access: whatever was revoked ends (or narrows) the socket within a tick.
+            try:
+                now = await db_read(current_access, self.state.user_id, self.token_hash, self.session_key)
+            except Exception:
+                log.warning("authorization re-check failed; trying again next tick", exc_info=True)
+                now = None
+            if now is not None and not now.valid:
+                await self.outbound.end(handshake.CLOSE_POLICY)
+                return
+            if now is not None and not now.staff:
+                await self._downgrade()
+            await self.send_event("tick", {"ts": wire.now_ms()})
+            if self.outbound.closing:
+                return
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+
+def _scope_user(scope: Any) -> Any:
+    user = scope.get("user")
+    if user is None:
+        return None
+    # Resolve the lazy user here, on a worker thread.
+    return user if getattr(user, "is_authenticated", False) and user.is_active else None

@@ -1,0 +1,91 @@
+"""The `connect` handshake (§2): its parameters, the scopes granted, and `hello-ok`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+
+from chat.protocol import frames
+from chat.protocol.frames import ProtocolError, Scope, invalid
+
+# close codes (§2)
+CLOSE_POLICY = 4008
+CLOSE_PROTOCOL_MISMATCH = 4002
+CLOSE_TOO_MANY_CONNECTIONS = 4029  # GATEWAY_MAX_CONNECTIONS_PER_USER reached (docs/protocol-notes.md)
+
+
+@dataclass
+class ConnectParams:
+    token: str | None
+    has_token: bool
+    requested_scopes: list[Any] | None
+
+
+class HandshakeError(Exception):
+    """A failed `connect`: the error to answer, then the close code."""
+
+    def __init__(self, error: ProtocolError, close_code: int) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.close_code = close_code
+
+
+def parse_connect(params: dict[str, Any]) -> ConnectParams:
+    """Validate `connect` params; raise HandshakeError."""
+    try:
+        lo = frames.get_int(params, "minProtocol", lo=0, hi=1_000_000, default=None)
+        hi = frames.get_int(params, "maxProtocol", lo=0, hi=1_000_000, default=None)
+        if lo is None or hi is None:
+            raise invalid(
+                "minProtocol and maxProtocol are required", field="minProtocol" if lo is None else "maxProtocol"
+            )
+        client = params.get("client")
+        if not isinstance(client, dict) or not isinstance(client.get("id"), str) or not client["id"]:
+            raise invalid("client.id is required", field="client.id")
+        if params.get("role", "operator") != "operator":
+            raise invalid("role must be 'operator'", field="role")
+    except ProtocolError as exc:
+        raise HandshakeError(exc, CLOSE_POLICY) from exc
+    if not (lo <= frames.PROTOCOL_VERSION <= hi):
+        err = invalid("protocol version mismatch", code="PROTOCOL_MISMATCH", expectedProtocol=frames.PROTOCOL_VERSION)
+        raise HandshakeError(err, CLOSE_PROTOCOL_MISMATCH)
+    auth = params.get("auth")
+    has_token = isinstance(auth, dict) and "token" in auth and auth["token"] is not None
+    token = auth.get("token") if has_token and isinstance(auth, dict) else None
+    requested = params.get("scopes")
+    return ConnectParams(
+        token=token if isinstance(token, str) else None,
+        has_token=has_token,
+        requested_scopes=requested if isinstance(requested, list) and requested else None,
+    )
+
+
+def granted_scopes(requested: list[Any] | None, *, staff: bool) -> list[str]:
+    """Read and write for every user, admin for staff; narrowed to what the client asked for."""
+    allowed = [Scope.READ.value, Scope.WRITE.value] + ([Scope.ADMIN.value] if staff else [])
+    return allowed if requested is None else [s for s in allowed if s in requested]
+
+
+def hello_ok(*, conn_id: str, scopes: list[str], username: str, methods: list[str]) -> dict[str, Any]:
+    return {
+        "type": "hello-ok",
+        "protocol": frames.PROTOCOL_VERSION,
+        "server": {"version": settings.GATEWAY_VERSION, "connId": conn_id},
+        "features": {"methods": ["connect", *methods], "events": frames.EVENTS},
+        "snapshot": {
+            "sessionDefaults": {"defaultAgentId": "main", "mainKey": "main", "mainSessionKey": "agent:main:main"}
+        },
+        "auth": {"role": "operator", "scopes": scopes, "user": username},
+        "policy": {
+            "maxPayload": settings.GATEWAY_MAX_PAYLOAD,
+            "maxBufferedBytes": settings.GATEWAY_MAX_BUFFERED_BYTES,
+            "tickIntervalMs": settings.GATEWAY_TICK_INTERVAL_MS,
+            "maxMessageChars": settings.GATEWAY_MAX_MESSAGE_CHARS,
+            # whole-string patterns, in the syntax JavaScript's RegExp also reads
+            "sessionKeyNamePattern": f"^{frames.KEY_NAME_RE.pattern}$",
+            "agentIdPattern": f"^{frames.AGENT_ID_RE.pattern}$",
+            "idempotencyKeyPattern": f"^{frames.RUN_ID_RE.pattern}$",
+        },
+    }

@@ -1,0 +1,144 @@
+"""Reads for the gateway: sessions, runs and transcripts, as models.
+
+Encoding them for the wire is the gateway's business (`chat.protocol.wire`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from django.db.models import Q, QuerySet
+
+from sessions_app import statements
+from sessions_app.models import ACTIVE_STATES, OPEN_STATES, ChatSession, Message, Run, RunState
+
+# A session with the runs its row names, read in one statement: a row read in two steps
+# could be split by a delete (a `running` row whose active run is already gone).
+_HEAVY_RUN_FIELDS = ("message", "reply", "attachments", "error_message")
+
+
+def sessions_with_runs() -> QuerySet[ChatSession]:
+    related = ("active_run", "last_run")
+    return ChatSession.objects.select_related(*related).defer(
+        *(f"{rel}__{name}" for rel in related for name in _HEAVY_RUN_FIELDS)
+    )
+
+
+def queued_run_ids(session_pks: Sequence[int]) -> dict[int, list[str]]:
+    """The queued runIds of each session, oldest first."""
+    queued: dict[int, list[str]] = defaultdict(list)
+    rows = Run.objects.filter(session_id__in=session_pks, state=RunState.QUEUED).order_by("queue_seq", "id")
+    for session_pk, run_id in rows.values_list("session_id", "run_id"):
+        queued[session_pk].append(run_id)
+    return queued
+
+
+def session_by_pk(session_pk: int) -> ChatSession | None:
+    return statements.session("s.id = %s", [session_pk])
+
+
+def find_session(owner_id: int, key: str) -> ChatSession | None:
+    return statements.session("s.owner_id = %s AND s.key = %s", [owner_id, key])
+
+
+def owner_sessions(owner_id: int | None) -> QuerySet[ChatSession]:
+    """Sessions of one owner, or all sessions when owner_id is None (admin scope)."""
+    qs = sessions_with_runs()
+    return qs if owner_id is None else qs.filter(owner_id=owner_id)
+
+
+@dataclass
+class SessionPage:
+    sessions: list[ChatSession]
+    total: int
+
+
+def list_sessions(
+    owner_id: int,
+    *,
+    limit: int = 100,
+    offset: int = 0,
+    status: str | None = None,
+    active_only: bool = False,
+    search: str | None = None,
+) -> SessionPage:
+    """One page of an owner's sessions, newest `updated_at` first."""
+    qs = owner_sessions(owner_id)
+    if active_only or status == "running":
+        qs = qs.filter(active_run__isnull=False)
+    elif status == "none":
+        qs = qs.filter(status__isnull=True)
+    elif status:
+        qs = qs.filter(status=status, active_run__isnull=True)
+    if search:
+        qs = qs.filter(Q(key__icontains=search) | Q(label__icontains=search))
+    total = qs.count()
+    return SessionPage(list(qs.order_by("-updated_at", "-id")[offset : offset + limit]), total)
+
+
+@dataclass
+class Transcript:
+    """One page of a session generation's transcript, with its open runs."""
+
+    messages: list[Message]
+    has_more: bool
+    runs: dict[int, Run]  # the messages' runs by pk (runId, outcome, timings, usage)
+    active: Run | None = None
+    queued: list[Run] = field(default_factory=list)
+
+
+def transcript(session: ChatSession, *, limit: int = 200, before_id: int | None = None) -> Transcript:
+    """The newest `limit` messages of the current generation before `before_id`, oldest first."""
+    qs = Message.objects.filter(session=session, session_generation=session.session_id)
+    if before_id is not None:
+        qs = qs.filter(pk__lt=before_id)
+    newest_first = list(qs.order_by("-id")[: limit + 1])
+    msgs = list(reversed(newest_first[:limit]))
+    run_pks = {m.run_id for m in msgs if m.run_id is not None}
+    fields = ("pk", "run_id", "state", "dispatched_at", "started_at", "ended_at", "prompt_tokens", "completion_tokens")
+    runs = {r.pk: r for r in Run.objects.filter(pk__in=run_pks).only(*fields)}
+    open_runs = list(Run.objects.filter(session=session, state__in=OPEN_STATES).order_by("queue_seq", "id"))
+    return Transcript(
+        messages=msgs,
+        has_more=len(newest_first) > limit,
+        runs=runs,
+        active=next((r for r in open_runs if r.state in ACTIVE_STATES), None),
+        queued=[r for r in open_runs if r.state == RunState.QUEUED],
+    )
+
+
+def find_run(owner_id: int, key: str, run_id: str) -> Run | None:
+    """The run of an owner's session key by its idempotency key, with its session (one statement)."""
+    return statements.run(
+        "s.owner_id = %s AND s.key = %s AND r.run_id = %s", [owner_id, key, run_id], with_session=True
+    )
+
+
+def get_run(pk: int) -> Run | None:
+    return statements.run("r.id = %s", [pk], with_session=True)
+
+
+def queue_position(run: Run) -> int | None:
+    """1-based position of a queued run in its session's queue."""
+    if run.state != RunState.QUEUED:
+        return None
+    ahead = Run.objects.filter(session_id=run.session_id, state=RunState.QUEUED, queue_seq__lt=run.queue_seq)
+    return ahead.count() + 1
+
+
+def context_messages(run: Run, *, limit: int) -> list[Message]:
+    """The newest `limit` messages of the run's generation before it, oldest first (a backend's context)."""
+    if limit <= 0:
+        return []
+    qs = Message.objects.filter(session_id=run.session_id, session_generation=run.session_generation)
+    return list(reversed(qs.order_by("-id")[:limit]))
+
+
+def open_run_counts(owner_id: int | None = None) -> tuple[int, int]:
+    """(active, queued) runs of the whole gateway, or of one owner's sessions."""
+    runs = Run.objects.all() if owner_id is None else Run.objects.filter(session__owner_id=owner_id)
+    active = runs.filter(state__in=ACTIVE_STATES).count()
+    queued = runs.filter(state=RunState.QUEUED).count()
+    return active, queued

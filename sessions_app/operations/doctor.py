@@ -1,0 +1,293 @@
+"""Consistency checks of the lifecycle rules (PROTOCOL.md §7, §8) across the database.
+
+`check()` reads; `fix()` repairs each finding through the lifecycle service, so every
+repair writes its audit row and reaches connected clients like any other change.
+The checks are driven by the open runs (few) and three indexed session queries,
+so they cost the same with a million finished runs as with none. Every session the
+admin shows as stuck (`operator_reads.stuck_session_ids_query`) has a finding here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from sessions_app.lifecycle import operators, runs
+from sessions_app.models import ACTIVE_STATES, OPEN_STATES, Actor, ChatSession, Run, RunState, SessionStatus
+from sessions_app.operations.recovery import INTERRUPTED_MESSAGE
+from sessions_app.process import live_process_ids
+
+# kind -> what it means (shown by `gateway_doctor --list-checks` and in docs/operators.md)
+CHECKS: dict[str, str] = {
+    "dead_process_run": "an active run is owned by a process that stopped heartbeating",
+    "unclaimed_run": "an active run has no owner process and no live process claimed it (within "
+    "GATEWAY_RECOVERY_SECONDS, or none is running)",
+    "overdue_run": "an active run outlived its own timeoutMs (plus GATEWAY_RECOVERY_SECONDS)",
+    "long_running_run": "an active run has been running longer than GATEWAY_STUCK_RUN_SECONDS (within its budget)",
+    "stale_generation_run": "a queued or active run belongs to an older sessionId than the session's",
+    "stray_active_run": "an active run is not its session's active run (at most one per session)",
+    "active_run_not_active": "the session's active run has already ended or never started",
+    "running_without_active_run": "the session row says running but no run is active",
+    "active_without_running_status": "the session has an active run but its row does not say running",
+    "queued_without_active_run": "queued runs wait in a session with no active run, so nothing starts them",
+}
+# Run-level repairs go first: ending a run also fixes its row and starts the next queued run.
+ORDER = list(CHECKS)
+
+
+@dataclass
+class Finding:
+    kind: str
+    session_pk: int
+    session_key: str
+    owner: str
+    detail: str
+    run_pk: int | None = None
+    run_id: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "sessionPk": self.session_pk,
+            "sessionKey": self.session_key,
+            "owner": self.owner,
+            "runPk": self.run_pk,
+            "runId": self.run_id,
+            "detail": self.detail,
+        }
+
+
+@dataclass
+class Repair:
+    finding: Finding
+    action: str
+    changed: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.finding.as_dict(), "action": self.action, "changed": self.changed}
+
+
+_OPEN_RUN_FIELDS = (
+    "pk",
+    "run_id",
+    "state",
+    "session_id",
+    "session_generation",
+    "owner_process",
+    "dispatched_at",
+    "timeout_ms",
+    "session__active_run_id",
+    "session__session_id",
+    "session__key",
+    "session__owner__username",
+)
+
+
+def check(*, now: Any = None) -> list[Finding]:
+    """Every violation of the lifecycle invariants, ordered by kind (run-level first)."""
+    now = now or timezone.now()
+    live = live_process_ids()
+    grace = timedelta(seconds=settings.GATEWAY_RECOVERY_SECONDS)
+    stuck_before = now - timedelta(seconds=settings.GATEWAY_STUCK_RUN_SECONDS)
+    findings: list[Finding] = []
+    queued_sessions: dict[int, dict[str, Any]] = {}
+    active_sessions: set[int] = set()
+
+    for run in Run.objects.filter(state__in=OPEN_STATES).values(*_OPEN_RUN_FIELDS).iterator(chunk_size=2000):
+        base = {
+            "session_pk": run["session_id"],
+            "session_key": run["session__key"],
+            "owner": run["session__owner__username"],
+            "run_pk": run["pk"],
+            "run_id": run["run_id"],
+        }
+        if run["session_generation"] != run["session__session_id"]:
+            findings.append(Finding("stale_generation_run", detail=f"{run['state']} run of an older sessionId", **base))
+            continue
+        if run["state"] == RunState.QUEUED:
+            queued_sessions.setdefault(run["session_id"], base)
+            continue
+        active_sessions.add(run["session_id"])
+        owner = run["owner_process"]
+        if owner and owner not in live:
+            findings.append(Finding("dead_process_run", detail=f"owner process {owner} is not alive", **base))
+            continue
+        started = run["dispatched_at"]
+        if not owner and (not live or started is None or started < now - grace):
+            detail = "no owner process; " + ("no live process claimed it" if live else "no live process to claim it")
+            findings.append(Finding("unclaimed_run", detail=detail, **base))
+            continue
+        if started is not None and started + timedelta(milliseconds=run["timeout_ms"]) + grace < now:
+            age = int((now - started).total_seconds())
+            findings.append(Finding("overdue_run", detail=f"active for {age}s, budget {run['timeout_ms']} ms", **base))
+            continue
+        if started is not None and started < stuck_before:
+            age = int((now - started).total_seconds())
+            findings.append(
+                Finding(
+                    "long_running_run",
+                    detail=f"active for {age}s (stuck threshold {settings.GATEWAY_STUCK_RUN_SECONDS}s)",
+                    **base,
+                )
+            )
+            continue
+        if run["session__active_run_id"] != run["pk"]:
+            findings.append(Finding("stray_active_run", detail="not the session's active run", **base))
+
+    rows = ChatSession.objects.select_related("owner", "active_run")
+    for s in rows.filter(active_run__isnull=False).exclude(active_run__state__in=ACTIVE_STATES):
+        ended = s.active_run
+        assert ended is not None
+        findings.append(_session_finding("active_run_not_active", s, f"active run {ended.run_id} is {ended.state}"))
+    for s in rows.filter(status=SessionStatus.RUNNING, active_run__isnull=True):
+        findings.append(_session_finding("running_without_active_run", s, "status running, no active run"))
+    for s in rows.filter(active_run__isnull=False, active_run__state__in=ACTIVE_STATES).exclude(
+        status=SessionStatus.RUNNING
+    ):
+        findings.append(_session_finding("active_without_running_status", s, f"status {s.status}"))
+
+    idle = ChatSession.objects.filter(pk__in=list(queued_sessions), active_run__isnull=True).values_list(
+        "pk", flat=True
+    )
+    for pk in idle:
+        if pk not in active_sessions:  # a stray active run is reported (and fixed) on its own
+            base = queued_sessions[pk]
+            findings.append(Finding("queued_without_active_run", detail="queued runs wait behind nothing", **base))
+
+    findings.sort(key=lambda f: (ORDER.index(f.kind), f.session_pk, f.run_pk or 0))
+    return findings
+
+
+def _session_finding(kind: str, session: ChatSession, detail: str) -> Finding:
+    return Finding(kind, session.pk, session.key, session.owner.get_username(), detail)
+
+
+def _end_run(finding: Finding, to_state: str, **kwargs: Any) -> bool:
+    assert finding.run_pk is not None
+    return runs.finish_run(finding.run_pk, to_state, owner_process="", **kwargs)
+
+
+def _time_out(finding: Finding, message: str) -> bool:
+    return _end_run(
+        finding,
+        RunState.TIMEOUT,
+        error_kind="timeout",
+        stop_reason="timeout",
+        reason="run.timeout",
+        error_message=message,
+        actor=Actor.OPERATOR,
+    )
+
+
+def _interrupt(finding: Finding) -> bool:
+    assert finding.run_pk is not None
+    return runs.interrupt_run(finding.run_pk, message=INTERRUPTED_MESSAGE, actor=Actor.REAPER)
+
+
+def _repair_row(finding: Finding) -> bool:
+    return bool(operators.repair_session_row(finding.session_pk, actor=Actor.OPERATOR))
+
+
+FIXERS: dict[str, tuple[str, Callable[[Finding], bool]]] = {
+    "dead_process_run": ("end the run as failed (interrupted)", lambda f: _interrupt(f)),
+    "unclaimed_run": ("end the run as failed (interrupted)", lambda f: _interrupt(f)),
+    "long_running_run": (
+        "end the run as timeout",
+        lambda f: _time_out(f, "run exceeded GATEWAY_STUCK_RUN_SECONDS; ended by gateway_doctor"),
+    ),
+    "overdue_run": (
+        "end the run as timeout",
+        lambda f: _time_out(f, "run outlived its budget; ended by gateway_doctor"),
+    ),
+    "stale_generation_run": (
+        "abort the run (stopReason reset)",
+        lambda f: _end_run(f, RunState.KILLED, stop_reason="reset", reason="run.aborted", actor=Actor.OPERATOR),
+    ),
+    "stray_active_run": (
+        "end the run as failed",
+        lambda f: _end_run(
+            f,
+            RunState.FAILED,
+            error_kind="unknown",
+            reason="operator",
+            actor=Actor.OPERATOR,
+            error_message="ended by gateway_doctor: not its session's active run",
+        ),
+    ),
+    "active_run_not_active": ("repair the session row", _repair_row),
+    "running_without_active_run": ("repair the session row", _repair_row),
+    "active_without_running_status": ("repair the session row", _repair_row),
+    "queued_without_active_run": (
+        "start the next queued run",
+        lambda f: bool(operators.start_next(f.session_pk, actor=Actor.OPERATOR)),
+    ),
+}
+
+
+def fix(
+    findings: Iterable[Finding], *, dry_run: bool = False, progress: Callable[[int], None] | None = None
+) -> list[Repair]:
+    """Repair each finding through the lifecycle service (one transaction per finding)."""
+    repairs: list[Repair] = []
+    for finding in findings:
+        action, fixer = FIXERS[finding.kind]
+        changed = False if dry_run else fixer(finding)
+        repairs.append(Repair(finding, action, changed))
+        if progress is not None:
+            progress(1)
+    return repairs
+
+
+@dataclass
+class DoctorReport:
+    findings: list[Finding]
+    repairs: list[Repair]
+    remaining: list[Finding]
+
+    @property
+    def ok(self) -> bool:
+        return not self.remaining
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "findings": [f.as_dict() for f in self.findings],
+            "repairs": [r.as_dict() for r in self.repairs],
+            "remaining": [f.as_dict() for f in self.remaining],
+            "counts": {kind: sum(1 for f in self.findings if f.kind == kind) for kind in CHECKS},
+        }
+
+
+def run(
+    *,
+    fix_findings: bool = False,
+    dry_run: bool = False,
+    progress_factory: Callable[[int], Callable[[int], None] | None] | None = None,
+) -> DoctorReport:
+    """Check; with `fix_findings`, repair and check again (a repair can reveal the next step)."""
+    findings = check()
+    if not fix_findings or not findings:
+        return DoctorReport(findings, [], findings)
+    progress = progress_factory(len(findings)) if progress_factory else None
+    repairs = fix(findings, dry_run=dry_run, progress=progress)
+    if dry_run:
+        return DoctorReport(findings, repairs, findings)
+    remaining = check()
+    for _ in range(2):  # e.g. a released slot lets a queued run start on the next pass
+        if not remaining:
+            break
+        repairs += fix(remaining)
+        remaining = check()
+    return DoctorReport(findings, repairs, remaining)
+
+
+def summary(findings: Iterable[Finding]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for f in findings:
+        counts[f.kind] = counts.get(f.kind, 0) + 1
+    return counts
