@@ -11,16 +11,11 @@ from the `chat` terminal rule (`ConnectionState.admit_chat`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from chat.protocol import wire
 from chat.protocol.wire import ChatState
 from sessions_app.models import Run
-
-if TYPE_CHECKING:
-    from chat.websocket.connection import ConnectionState
-
-Event = tuple[str, dict[str, Any]]
 
 # chat `status` phases as lifecycle phases: `dispatching` is OpenClaw's `start`
 _LIFECYCLE_PHASE = {"queued": "queued", "dispatching": "start", "running": "running"}
@@ -117,12 +112,3 @@ def _text(chat: dict[str, Any]) -> str:
     message = chat.get("message") or {}
     parts = message.get("content") or []
     return "".join(p.get("text", "") for p in parts if isinstance(p, dict))
-
-
-def follow(state: ConnectionState, run_pk: int, chat: dict[str, Any], facts: dict[str, Any] | None) -> list[Event]:
-    """A `chat` event this connection admitted, followed by its `agent` events."""
-    view = state.runs.get(run_pk)
-    payloads, replied = agent_events(chat, facts, view.replied if view is not None else 0)
-    if view is not None:
-        view.replied = replied
-    return [("chat", chat), *(("agent", p) for p in payloads)]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from django.conf import settings
 from django.db.models import Q, QuerySet
@@ -27,11 +27,9 @@ from django.utils import timezone
 from chat.delivery import agent_events
 from chat.protocol import wire
 from chat.runtime.db import db_read
+from chat.websocket.connection import ConnectionState, Event
 from sessions_app import gateway_reads
 from sessions_app.models import TERMINAL_STATES, ChatSession, Run
-
-if TYPE_CHECKING:
-    from chat.websocket.connection import ConnectionState
 
 log = logging.getLogger(__name__)
 BATCH = 500
@@ -138,6 +136,44 @@ def take_snapshot(
     return snap
 
 
+def connection_events(state: ConnectionState, snap: Snapshot) -> list[Event]:
+    """One connection's share of a repair snapshot; its filters drop what it already had."""
+    events: list[Event] = []
+    for pk, ended in snap.ended.items():
+        # not runs that ended before this connection existed: they are not its news
+        if (
+            ended.ended_at >= state.connected_at
+            and state.may_see(ended.owner_id)
+            and state.admit_chat(pk, ended.payload)
+        ):
+            events += state.follow(pk, ended.payload, ended.facts)
+    for pk in state.open_run_pks():
+        if pk not in snap.asked:
+            continue  # opened after the snapshot was read: the next pass covers it
+        stored = snap.runs.get(pk)
+        if stored is None:
+            # Gone with its deleted session, and with it what its terminal was: nothing is
+            # made up; the run is closed here, and the row's deletion says the rest.
+            state.runs[pk].terminal = True
+        elif stored["state"] in TERMINAL_STATES and state.admit_chat(pk, stored["payload"]):
+            events += state.follow(pk, stored["payload"], stored.get("facts"))
+    if not state.subscribed:
+        return events
+    for session_pk, (owner_id, row) in snap.rows.items():
+        known = state.rows.get(session_pk)
+        if state.may_see(owner_id) and (known is None or row["version"] > known.version):
+            payload = wire.row_event(row, "resync")
+            if state.admit_row(session_pk, payload):
+                events.append(("sessions.changed", payload))
+    for session_pk in [pk for pk in state.rows if pk in snap.checked and pk not in snap.existing]:
+        known = state.rows[session_pk]
+        if not known.deleted:
+            payload = wire.row_event({**known.full(), "deleted": True, "version": known.version + 1}, "delete")
+            if state.admit_row(session_pk, payload):
+                events.append(("sessions.changed", payload))
+    return events
+
+
 async def repair(connections: list[Repairable], scanner: Scanner) -> None:
     """One repair pass for these connections (all of a process's)."""
     live = [c for c in connections if c.state.authed]
@@ -154,7 +190,7 @@ async def repair(connections: list[Repairable], scanner: Scanner) -> None:
     snap = await db_read(take_snapshot, scanner, open_runs, owners, bool(subscribed), known)
     for c in live:
         try:
-            events = c.state.repair_events(snap)
+            events = connection_events(c.state, snap)
             if events:
                 await c.send_events(events)
         except Exception:  # one connection must not stop the others; its failure is news (it misses events)

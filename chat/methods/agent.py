@@ -104,7 +104,7 @@ async def _deliver_terminal(conn: Conn, run: Run, key: str) -> None:
         await asyncio.sleep(0.01)
     payload = wire.chat_payload(run, key)
     if conn.state.admit_chat(run.pk, payload):
-        await conn.send_events(agent_events.follow(conn.state, run.pk, payload, agent_events.run_facts(run)))
+        await conn.send_events(conn.state.follow(run.pk, payload, agent_events.run_facts(run)))
 
 
 # --- the two answers (§12.2) ---------------------------------------------------------------------

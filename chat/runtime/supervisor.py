@@ -16,30 +16,43 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from django.conf import settings
 
 from chat.delivery import repair
+from chat.delivery.hub import Hub
 from chat.runtime import health
 from chat.runtime.db import db_read, db_write
+from chat.runtime.executor import RunExecutor
+from chat.runtime.registry import ConnectionRegistry
 from chat.web import metrics
 from sessions_app import process
 from sessions_app.lifecycle import runs
 from sessions_app.models import ACTIVE_STATES, Actor, Run, RunState
 from sessions_app.operations import recovery
 
-if TYPE_CHECKING:
-    from chat.runtime.gateway import GatewayRuntime
-
 log = logging.getLogger(__name__)
 SHUTDOWN_MESSAGE = "gateway process shut down before the run finished"
+
+
+class Supervised(Protocol):
+    """What the loops need of the runtime they serve (`chat.runtime.gateway.GatewayRuntime`)."""
+
+    server_id: str
+    accepting: bool
+    stopping: bool
+    executor: RunExecutor
+    hub: Hub
+    connections: ConnectionRegistry
+
+    def stop_accepting(self) -> None: ...
 
 
 class Supervisor:
     """Starts and stops the loops of one runtime."""
 
-    def __init__(self, runtime: GatewayRuntime) -> None:
+    def __init__(self, runtime: Supervised) -> None:
         self.runtime = runtime
         self.tasks: list[asyncio.Task[None]] = []
         self.scanner = repair.Scanner()

@@ -16,10 +16,8 @@ from typing import Any
 from django.utils import timezone
 
 from chat.delivery import agent_events
-from chat.delivery.repair import Snapshot
 from chat.protocol import wire
 from chat.protocol.frames import Scope
-from sessions_app.models import TERMINAL_STATES
 
 MAX_TRACKED_RUNS = 2000
 # An event of a run unknown here written this long before the connection opened is not its news
@@ -105,7 +103,7 @@ class ConnectionState:
 
         A layer that lags (a loaded process) may hand a new connection events seconds old.
         Taken, they would make it follow a run that, as like as not, ended before it
-        connected; repair (like `repair_events`' ended runs) never tells a connection of
+        connected; repair (like `repair.connection_events`' ended runs) never tells a connection of
         those. What it knows of such runs comes from `sessions.list` and `chat.history`.
         """
         view = self.runs.get(run_pk)
@@ -148,44 +146,14 @@ class ConnectionState:
     def open_run_pks(self) -> list[int]:
         return [pk for pk, view in self.runs.items() if not view.terminal]
 
-    # --- repair (§9) ------------------------------------------------------------------------------
-
-    def repair_events(self, snap: Snapshot) -> list[Event]:
-        """This connection's share of a repair snapshot; the filters drop what it already had."""
-        events: list[Event] = []
-        for pk, ended in snap.ended.items():
-            # not runs that ended before this connection existed: they are not its news
-            if (
-                ended.ended_at >= self.connected_at
-                and self.may_see(ended.owner_id)
-                and self.admit_chat(pk, ended.payload)
-            ):
-                events += agent_events.follow(self, pk, ended.payload, ended.facts)
-        for pk in self.open_run_pks():
-            if pk not in snap.asked:
-                continue  # opened after the snapshot was read: the next pass covers it
-            stored = snap.runs.get(pk)
-            if stored is None:
-                # Gone with its deleted session, and with it what its terminal was: nothing is
-                # made up; the run is closed here, and the row's deletion says the rest.
-                self.runs[pk].terminal = True
-            elif stored["state"] in TERMINAL_STATES and self.admit_chat(pk, stored["payload"]):
-                events += agent_events.follow(self, pk, stored["payload"], stored.get("facts"))
-        if not self.subscribed:
-            return events
-        for session_pk, (owner_id, row) in snap.rows.items():
-            known = self.rows.get(session_pk)
-            if self.may_see(owner_id) and (known is None or row["version"] > known.version):
-                payload = wire.row_event(row, "resync")
-                if self.admit_row(session_pk, payload):
-                    events.append(("sessions.changed", payload))
-        for session_pk in [pk for pk in self.rows if pk in snap.checked and pk not in snap.existing]:
-            known = self.rows[session_pk]
-            if not known.deleted:
-                payload = wire.row_event({**known.full(), "deleted": True, "version": known.version + 1}, "delete")
-                if self.admit_row(session_pk, payload):
-                    events.append(("sessions.changed", payload))
-        return events
+    def follow(self, run_pk: int, chat: dict[str, Any], facts: dict[str, Any] | None) -> list[Event]:
+        """A `chat` event this connection admitted, followed by its `agent` events (§12): what
+        this connection has had of the reply decides what they carry."""
+        view = self.runs.get(run_pk)
+        payloads, replied = agent_events.agent_events(chat, facts, view.replied if view is not None else 0)
+        if view is not None:
+            view.replied = replied
+        return [("chat", chat), *(("agent", p) for p in payloads)]
 
     def _remember(self, run_pk: int, view: RunView) -> None:
         self.runs[run_pk] = view

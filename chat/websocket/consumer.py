@@ -18,7 +18,7 @@ from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
-from chat.delivery import agent_events, groups
+from chat.delivery import groups
 from chat.delivery.broadcaster import encode
 from chat.methods import handlers
 from chat.protocol import frames, wire
@@ -290,7 +290,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         ):
             await self._send_event_json("chat", message["json"])
             # then its `agent` events (§12), per connection: what this one has had of the reply
-            _chat, *followers = agent_events.follow(state, run_pk, message["payload"], message.get("agent"))
+            _chat, *followers = state.follow(run_pk, message["payload"], message.get("agent"))
             await self.send_events(followers)
 
     async def gateway_session(self, message: dict[str, Any]) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from chat.delivery.repair import EndedRun, Snapshot
+from chat.delivery.repair import EndedRun, Snapshot, connection_events
 from chat.protocol import wire
 from chat.websocket.connection import ConnectionState
 
@@ -74,18 +74,18 @@ def test_repair_sends_the_stored_terminal_once() -> None:
     s.track_run(7, terminal=False, run_id="r", session_key="k", session_id="g")
     final = chat("r", 4, "final")
     snap = Snapshot(asked={7}, runs={7: {"state": "done", "payload": final}})
-    events = s.repair_events(snap)
+    events = connection_events(s, snap)
     assert events[0] == ("chat", final)
     # its `agent` events come with it (§12): the end, at the terminal's seq
     assert [(name, p["seq"], p["data"]["phase"]) for name, p in events[1:]] == [("agent", 4, "end")]
-    assert s.repair_events(snap) == []
+    assert connection_events(s, snap) == []
 
 
 def test_repair_never_makes_up_a_terminal_for_a_run_gone_with_its_session() -> None:
     """A lagging connection gets the run's real terminal or nothing (never an invented `aborted`)."""
     s = state()
     s.track_run(7, terminal=False, run_id="r", session_key="k", session_id="g")
-    assert s.repair_events(Snapshot(asked={7})) == []
+    assert connection_events(s, Snapshot(asked={7})) == []
     assert s.open_run_pks() == []
     # and the real terminal, if it comes late through the layer, is still not a second one
     assert not s.admit_chat(7, chat("r", 9, "final"))
@@ -96,7 +96,7 @@ def test_repair_skips_runs_that_ended_before_the_connection() -> None:
     old = EndedRun(owner_id=1, ended_at=s.connected_at - timedelta(seconds=1), payload=chat("old", 3, "final"))
     new = EndedRun(owner_id=1, ended_at=timezone.now() + timedelta(seconds=1), payload=chat("new", 3, "final"))
     other = EndedRun(owner_id=2, ended_at=timezone.now() + timedelta(seconds=1), payload=chat("x", 3, "final"))
-    events = s.repair_events(Snapshot(ended={1: old, 2: new, 3: other}))
+    events = connection_events(s, Snapshot(ended={1: old, 2: new, 3: other}))
     assert [e for e in events if e[0] == "chat"] == [("chat", new.payload)]
     assert {p["runId"] for name, p in events if name == "agent"} == {"new"}
 
@@ -105,7 +105,7 @@ def test_repair_of_rows_and_deletions() -> None:
     s = state(subscribed=True)
     assert s.admit_row(5, row("gone", 3))
     snap = Snapshot(rows={6: (1, {"key": "k6", "version": 2})}, checked={5}, existing=set())
-    events = s.repair_events(snap)
+    events = connection_events(s, snap)
     assert [(name, p["reason"], p["session"]["key"]) for name, p in events] == [
         ("sessions.changed", "resync", "k6"),
         ("sessions.changed", "delete", "gone"),
