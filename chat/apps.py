@@ -13,17 +13,17 @@ class ChatConfig(AppConfig):
         from django.contrib.auth.signals import user_logged_out
         from django.db.models.signals import post_save, pre_save
 
-        # On import, metrics registers its collectors, agent_method the `agent` method, checks its system checks.
+        # On import: the state gauges register with Prometheus, the `agent` method with the methods, the checks.
         from chat import checks  # noqa: F401
         from chat.delivery import receivers
         from chat.methods import agent  # noqa: F401
-        from chat.web import metrics
+        from chat.web import run_metrics, state_gauges  # noqa: F401
         from chat.websocket import access
         from sessions_app import signals
 
         signals.run_transitioned.connect(receivers.on_run_transitioned, dispatch_uid="chat-run-transitioned")
         signals.session_changed.connect(receivers.on_session_changed, dispatch_uid="chat-session-changed")
-        signals.run_transitioned.connect(metrics.on_run_transition, dispatch_uid="chat-metrics-run-end")
+        signals.run_transitioned.connect(run_metrics.on_run_transition, dispatch_uid="chat-metrics-run-end")
 
         # revocation that open sockets feel at once (chat.websocket.access)
         user_model = get_user_model()

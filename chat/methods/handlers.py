@@ -10,13 +10,13 @@ from typing import Any, Protocol
 from django.conf import settings
 
 from chat.delivery import groups
+from chat.methods import timing
 from chat.protocol import frames, wire
 from chat.protocol.frames import ProtocolError, Scope, invalid
 from chat.protocol.wire import AckStatus
 from chat.runtime.backends import get_backend
 from chat.runtime.db import db_read, db_write
 from chat.runtime.gateway import runtime
-from chat.web import metrics
 from chat.websocket import outbound
 from chat.websocket.connection import ConnectionState
 from sessions_app import gateway_reads
@@ -85,7 +85,7 @@ def lookup(name: str, state: ConnectionState) -> Method:
 
 async def dispatch(conn: Conn, name: str, params: dict[str, Any]) -> Reply:
     """Run the handler of a request, metered."""
-    reply: Reply = await metrics.call_handler(name, lookup(name, conn.state).handler, conn, params)
+    reply: Reply = await timing.call_handler(name, lookup(name, conn.state).handler, conn, params)
     return reply
 
 

@@ -7,7 +7,7 @@
            process is not draining; 503 otherwise, so a load balancer stops sending it new
            connections. Every check has its own deadline, so the answer comes within ~2.5 s
            even when a dependency hangs.
-/metrics   Prometheus text format (chat.web.metrics)
+/metrics   Prometheus text format (chat.web.metrics, state_gauges, run_metrics; chat.methods.timing)
 
 /readyz and /metrics answer only an allowed caller (`operator_allowed`): the bearer token
 GATEWAY_METRICS_TOKEN, or a client address in GATEWAY_METRICS_ALLOW (loopback by default);

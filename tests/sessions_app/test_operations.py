@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from chat.runtime import health
 from chat.runtime.gateway import GatewayRuntime
-from chat.web import metrics, ops
+from chat.web import ops, state_gauges
 from gatewayproject import logs
 from sessions_app import operator_reads
 from sessions_app.models import (
@@ -287,7 +287,7 @@ def test_access_log_lines() -> None:
 
 @pytest.mark.django_db
 def test_alert_rules_and_dashboard_name_only_existing_metrics() -> None:
-    exported: set[str] = set(metrics.POOL_METRIC_NAMES)
+    exported: set[str] = set(state_gauges.POOL_METRIC_NAMES)
     for family in text_string_to_metric_families(Client().get("/metrics").content.decode()):
         # a labelled metric with no children yet has no samples: derive its sample names from the type
         suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_count", "_sum"], "info": ["_info"]}

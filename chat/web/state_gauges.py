@@ -1,0 +1,149 @@
+"""State gauges, read from the database at scrape time (registered with Prometheus on import).
+
+Active, queued and stuck runs, the oldest active run, live processes: a few indexed
+queries after a probe with a short connect timeout, so every process reports the same
+cluster-wide values (take `max`, not `sum`) and a scrape answers in seconds even when the
+database is down. Also this process's database and channel-layer pools.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from django.db import connections
+from prometheus_client import REGISTRY
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from chat.runtime import health
+from chat.runtime.registry import connections as gateway_connections
+from sessions_app import operator_reads
+from sessions_app.models import ACTIVE_STATES, Run, RunState
+from sessions_app.operations.dbcheck import probe_database
+from sessions_app.process import live_process_ids
+
+log = logging.getLogger(__name__)
+
+
+def _database_gauges() -> dict[str, tuple[str, float]]:
+    live = live_process_ids()
+    return {
+        "agentgate_active_runs": (
+            "Runs dispatching or running (all processes).",
+            Run.objects.filter(state__in=ACTIVE_STATES).count(),
+        ),
+        "agentgate_queued_runs": (
+            "Runs waiting behind an active run (all processes).",
+            Run.objects.filter(state=RunState.QUEUED).count(),
+        ),
+        "agentgate_stuck_sessions": (
+            "Sessions the admin shows as stuck (operator_reads: no live process "
+            "behind an active run, running too long, queue or row stranded).",
+            operator_reads.stuck_count(live),
+        ),
+        "agentgate_oldest_active_run_age_seconds": (
+            "Age of the oldest active run (0 when none).",
+            operator_reads.oldest_active_run_age_seconds(),
+        ),
+        "agentgate_live_processes": ("Gateway processes with a recent heartbeat.", len(live)),
+    }
+
+
+# Exported only on PostgreSQL with the connection pool (DB_POOL, the default there).
+POOL_METRIC_NAMES = (
+    "agentgate_db_pool_size",
+    "agentgate_db_pool_available",
+    "agentgate_db_requests_waiting",
+    "agentgate_db_pool_requests_errors",
+    "agentgate_db_pool_requests_timeouts",
+    "agentgate_db_pool_connections_errors",
+)
+
+
+def _pool_gauges() -> list[GaugeMetricFamily]:
+    pool = getattr(connections["default"], "pool", None) if connections["default"].vendor == "postgresql" else None
+    if pool is None:
+        return []
+    stats = pool.get_stats()
+    out = []
+    for key, doc in (
+        ("pool_size", "Connections in the database pool."),
+        ("pool_available", "Idle connections in the database pool."),
+        ("requests_waiting", "Requests waiting for a pooled database connection."),
+    ):
+        gauge = GaugeMetricFamily(f"agentgate_db_{key}", doc)
+        gauge.add_metric([], float(stats.get(key, 0)))
+        out.append(gauge)
+    for key, doc in (
+        ("requests_errors", "Pool requests that failed (since start)."),
+        ("requests_timeouts", "Pool requests that timed out waiting for a connection (since start)."),
+        ("connections_errors", "Failed attempts to open a database connection (since start)."),
+    ):
+        gauge = GaugeMetricFamily(f"agentgate_db_pool_{key}", doc)
+        gauge.add_metric([], float(stats.get(key, 0)))
+        out.append(gauge)
+    return out
+
+
+def _layer_pool_gauges() -> list[GaugeMetricFamily]:
+    """The Redis channel layer's connections in this process (none with the in-memory layer)."""
+    # here: chat.delivery.layers imports channels_redis, needed only with Redis
+    from chat.delivery.layers import pool_stats
+
+    stats = pool_stats()
+    if not stats["max"]:
+        return []
+    gauge = GaugeMetricFamily(
+        "agentgate_channel_layer_redis_connections",
+        "Redis connections of this process's channel-layer pool: open, in use, and the pool's maximum.",
+        labels=["state"],
+    )
+    for key in ("open", "in_use", "max"):
+        gauge.add_metric([key], float(stats[key]))
+    return [gauge]
+
+
+class GatewayStateCollector(Collector):
+    """Gauges read at scrape time: database state (bounded by a deadline), the pool, this process."""
+
+    def describe(self) -> list[Any]:
+        return []  # no database access when the collector is registered
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        sockets = GaugeMetricFamily(
+            "agentgate_connected_sockets", "Authenticated WebSocket connections of this process."
+        )
+        sockets.add_metric([], len(gateway_connections))
+        yield sockets
+        loops = GaugeMetricFamily(
+            "agentgate_background_loop_ok", "1 if the background loop's last pass succeeded.", labels=["loop"]
+        )
+        for name, state in sorted(health.snapshot().items()):
+            loops.add_metric([name], 1.0 if state.ok else 0.0)
+        yield loops
+        yield from _pool_gauges()
+        yield from _layer_pool_gauges()
+        error = GaugeMetricFamily(
+            "agentgate_scrape_database_error", "1 if the database gauges could not be read (database unreachable)."
+        )
+        try:
+            # A short-timeout probe first: the pool would wait 30 s for a dead database.
+            probe_database()
+            values = _database_gauges()
+        except Exception as exc:  # a scrape must still answer (quickly) when the database is down
+            log.warning("metrics: database gauges failed: %s", f"{type(exc).__name__}: {exc}".strip()[:300])
+            error.add_metric([], 1)
+            yield error
+            return
+        error.add_metric([], 0)
+        yield error
+        for name, (doc, value) in values.items():
+            gauge = GaugeMetricFamily(name, doc)
+            gauge.add_metric([], float(value))
+            yield gauge
+
+
+STATE_COLLECTOR = GatewayStateCollector()
+REGISTRY.register(STATE_COLLECTOR)
