@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -23,6 +22,7 @@ from asgiref.sync import SyncToAsync, async_to_sync
 from channels.layers import get_channel_layer
 
 from chat.delivery import groups
+from chat.protocol.frames import encode
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +47,6 @@ def chat_message(owner_id: int, run_pk: int, payload: dict[str, Any]) -> dict[st
         "json": encode(payload),
         "payload": payload,
     }
-
-
-def encode(payload: dict[str, Any]) -> str:
-    """Compact JSON, as frames are sent."""
-    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
 
 
 def session_message(owner_id: int, session_pk: int, payload: dict[str, Any]) -> dict[str, Any]:

@@ -404,21 +404,8 @@ def _row(session_pk: int) -> dict[str, Any] | None:
 
 @method("sessions.create", scope=Scope.WRITE)
 async def sessions_create(conn: Conn, params: dict[str, Any]) -> Reply:
-    agent_id = frames.get_str(params, "agentId", required=False, max_len=64, pattern=frames.AGENT_ID_RE)
+    key, agent_id = frames.agent_session(params, default_name=None)
     label = frames.get_str(params, "label", required=False, min_len=0, max_len=200) or ""
-    name = frames.session_key_name(params)
-    raw_key = frames.get_str(params, name, required=False, max_len=220)
-    key: str | None = None
-    if raw_key is not None:
-        if agent_id and not raw_key.startswith("agent:"):
-            raw_key = f"agent:{agent_id}:{raw_key}"
-        key, key_agent = frames.canonical_key(raw_key, field=name)
-        if agent_id and agent_id != key_agent:
-            raise invalid(f"agentId does not match {name}", field="agentId")
-        agent_id = key_agent
-    agent_id = agent_id or "main"
-    if agent_id not in settings.GATEWAY_AGENTS:
-        raise ProtocolError("NOT_FOUND", f"unknown agent: {agent_id}", field="agentId")
     session = await call(sessions.create_session, owner_id=conn.state.user_id, key=key, label=label, agent_id=agent_id)
     return Reply({"session": await db_read(_row, session.pk)})
 

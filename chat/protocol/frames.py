@@ -77,6 +77,19 @@ class ProtocolError(Exception):
         return err
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def encode(value: Any) -> str:
+    """Compact JSON, as every frame and event payload is sent: UTF-8 text, not ASCII escapes
+    (a reply in Chinese is a third the size); a lone surrogate, which UTF-8 cannot carry,
+    is escaped instead, as JSON allows (then the whole value is)."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    if not text.isascii() and _SURROGATE.search(text):
+        return json.dumps(value, separators=(",", ":"))
+    return text
+
+
 def invalid(message: str, /, *, field: str | None = None, **details: Any) -> ProtocolError:
     return ProtocolError("INVALID_REQUEST", message, field=field, **details)
 
@@ -245,6 +258,30 @@ def session_key_param(params: dict[str, Any]) -> tuple[str, str]:
     return canonical_key(raw, field=name)
 
 
+def agent_session(params: dict[str, Any], *, default_name: str | None) -> tuple[str | None, str]:
+    """The agent and session a request names with `agentId` and a key (`sessionKey` or `key`),
+    as `agent` and `sessions.create` take them: a bare key with `agentId` means
+    `agent:<agentId>:<key>`, and `agentId` must agree with a full key. No key: the agent's
+    `default_name` session, or None when there is no default (a new session). NOT_FOUND for
+    an unknown agent.
+    """
+    agent_id = get_str(params, "agentId", required=False, max_len=64, pattern=AGENT_ID_RE)
+    if agent_id is not None and agent_id not in settings.GATEWAY_AGENTS:
+        raise ProtocolError("NOT_FOUND", f"unknown agent: {agent_id}", field="agentId")
+    name = session_key_name(params)
+    raw_key = get_str(params, name, required=False, max_len=220)
+    if raw_key is None:
+        if default_name is None:
+            return None, agent_id or "main"
+        raw_key = f"agent:{agent_id or 'main'}:{default_name}"
+    elif agent_id is not None and not raw_key.startswith("agent:"):
+        raw_key = f"agent:{agent_id}:{raw_key}"
+    key, key_agent = canonical_key(raw_key, field=name)
+    if agent_id is not None and agent_id != key_agent:
+        raise invalid(f"agentId does not match {name}", field="agentId")
+    return key, key_agent
+
+
 # --- chat.send ---------------------------------------------------------------------------
 
 _IMAGE_MAGIC: list[tuple[bytes, str]] = [
@@ -395,18 +432,8 @@ def parse_agent(params: dict[str, Any]) -> ChatSendParams:
     `timeout` is in seconds (OpenClaw's unit). A bare key plus `agentId` means
     `agent:<agentId>:<key>`, as in `sessions.create`.
     """
-    agent_id = get_str(params, "agentId", required=False, max_len=64, pattern=AGENT_ID_RE)
-    if agent_id is not None and agent_id not in settings.GATEWAY_AGENTS:
-        raise ProtocolError("NOT_FOUND", f"unknown agent: {agent_id}", field="agentId")
-    name = session_key_name(params)
-    raw_key = get_str(params, name, required=False, max_len=220)
-    if raw_key is None:
-        raw_key = f"agent:{agent_id or 'main'}:main"
-    elif agent_id is not None and not raw_key.startswith("agent:"):
-        raw_key = f"agent:{agent_id}:{raw_key}"
-    key, key_agent = canonical_key(raw_key, field=name)
-    if agent_id is not None and agent_id != key_agent:
-        raise invalid(f"agentId does not match {name}", field="agentId")
+    key, _agent = agent_session(params, default_name="main")
+    assert key is not None
     timeout = params.get("timeout")
     timeout_ms: int | None = None
     if timeout is not None:

@@ -19,10 +19,9 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from chat.delivery import groups
-from chat.delivery.broadcaster import encode
 from chat.methods import handlers
 from chat.protocol import frames, wire
-from chat.protocol.frames import ProtocolError, invalid
+from chat.protocol.frames import ProtocolError, encode, invalid
 from chat.runtime.db import db_read, db_write
 from chat.runtime.gateway import runtime
 from chat.web import metrics

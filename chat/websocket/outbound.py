@@ -6,8 +6,8 @@ read). `Outbound` enforces both for one connection; a frame it cannot send, or a
 that fails, ends the connection with a close code that says "reconnect and resync", and
 releases the connection's registry entry and groups first, so nothing is left behind.
 
-Sizes are counted as the frame is encoded with `json.dumps` (ASCII escapes): an upper
-bound for any other encoding of the same text.
+Budgets are counted as `json.dumps` encodes text (ASCII escapes): an upper bound for the
+UTF-8 frames `frames.encode` makes of the same text.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from typing import Any, Protocol
 from autobahn.exception import Disconnected
 from django.conf import settings
 
+from chat.protocol import frames
+
 log = logging.getLogger(__name__)
 
 # close codes (documented in docs/protocol-notes.md)
@@ -31,10 +33,6 @@ CLOSE_SEND_FAILED = 4011  # an event could not be sent (over maxPayload, or the 
 BUFFER_PROBE = "agentgate.buffered"
 # room left in every frame for its envelope (type, id of up to 128 chars, seq, keys)
 ENVELOPE_BYTES = 4096
-
-
-def encode(frame: dict[str, Any]) -> str:
-    return json.dumps(frame, separators=(",", ":"))
 
 
 def encoded_len(text: str) -> int:
@@ -152,7 +150,7 @@ class Outbound:
                 await self.end(CLOSE_SEND_FAILED)
                 return
             log.warning("response of %d bytes is over maxPayload (%d): answered with an error", size, max_payload)
-            text = encode(too_large(response_id, size, max_payload))
+            text = frames.encode(too_large(response_id, size, max_payload))
             size = len(text)
         if self.buffered is not None:
             try:

@@ -126,3 +126,15 @@ def test_body_hash_distinguishes_messages() -> None:
 )
 def test_commands(msg: str, cmd: str | None) -> None:
     assert frames.parse_chat_send(_send(message=msg)).command == cmd
+
+
+def test_encode_is_utf8_text_and_escapes_a_lone_surrogate() -> None:
+    """One encoding for every frame and event: UTF-8 (smaller than ASCII escapes), except that
+    a lone surrogate, which UTF-8 cannot carry, is escaped so the frame can still be sent."""
+    import json
+
+    assert frames.encode({"text": "你好"}) == '{"text":"你好"}'
+    escaped = frames.encode({"text": "a\ud800b"})
+    assert escaped == '{"text":"a\\ud800b"}' and escaped.isascii()
+    escaped.encode("utf-8")  # sendable
+    assert json.loads(escaped) == {"text": "a\ud800b"}
