@@ -15,7 +15,7 @@ from typing import Any
 
 from chat.protocol import wire
 from chat.protocol.wire import ChatState
-from sessions_app.models import Run
+from sessions_app.models import Run, RunState
 
 # chat `status` phases as lifecycle phases: `dispatching` is OpenClaw's `start`
 _LIFECYCLE_PHASE = {"queued": "queued", "dispatching": "start", "running": "running"}
@@ -81,7 +81,8 @@ def agent_events(chat: dict[str, Any], facts: dict[str, Any] | None, replied: in
                 "startedAt": facts.get("startedAt"),
                 "endedAt": ended,
                 "aborted": False,
-                "stopReason": chat.get("stopReason", "stop"),
+                # chat_payload always sets it; the default is for a payload that lacks it
+                "stopReason": chat.get("stopReason", wire.default_stop_reason(RunState.DONE)),
             },
         )
     elif state == ChatState.ABORTED:
@@ -92,7 +93,7 @@ def agent_events(chat: dict[str, Any], facts: dict[str, Any] | None, replied: in
                 "startedAt": facts.get("startedAt"),
                 "endedAt": ended,
                 "aborted": True,
-                "stopReason": chat.get("stopReason", "rpc"),
+                "stopReason": chat.get("stopReason", wire.default_stop_reason(RunState.KILLED)),
             },
         )
     else:

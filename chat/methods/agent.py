@@ -132,8 +132,6 @@ def final_answer(run: Run | None, run_id: str, session_key: str) -> tuple[dict[s
     """
     if run is not None and run.state == RunState.DONE:
         agent = settings.GATEWAY_AGENTS.get(agent_events.agent_id_of(session_key), {})
-        started = run.started_at or run.dispatched_at or run.created_at
-        duration = int((run.ended_at - started).total_seconds() * 1000) if run.ended_at and started else None
         inp, outp = run.prompt_tokens, run.completion_tokens
         total = inp + outp if inp is not None and outp is not None else None
         return {
@@ -144,7 +142,7 @@ def final_answer(run: Run | None, run_id: str, session_key: str) -> tuple[dict[s
             "result": {
                 "payloads": [{"text": run.reply, "mediaUrl": None}] if run.reply else [],
                 "meta": {
-                    "durationMs": duration,
+                    "durationMs": wire.duration_ms(run),
                     "agentMeta": {
                         "sessionId": str(run.session_generation),
                         "provider": agent.get("backend"),
@@ -155,16 +153,16 @@ def final_answer(run: Run | None, run_id: str, session_key: str) -> tuple[dict[s
             },
         }, None
     details: dict[str, Any] = {"runId": run_id}
-    if run is None or run.state == RunState.KILLED:
-        reason = (run.stop_reason or "rpc") if run is not None else "delete"
+    end = wire.outcome(run) if run is not None else None
+    if end is None or end.state == RunState.KILLED:
+        reason = end.stop_reason if end is not None else "delete"
         status, message = "aborted", f"run aborted (stopReason {reason})"
         details["stopReason"] = reason
     else:
-        kind = run.error_kind or ("timeout" if run.state == RunState.TIMEOUT else "unknown")
-        status = "timeout" if run.state == RunState.TIMEOUT else "error"
-        message = run.error_message or f"run {run.state}"
-        details["errorKind"] = kind
-        if run.state == RunState.TIMEOUT:
-            details["stopReason"] = "timeout"
+        status = "timeout" if end.state == RunState.TIMEOUT else "error"
+        message = end.error_text
+        details["errorKind"] = end.error_kind
+        if end.state == RunState.TIMEOUT:
+            details["stopReason"] = end.stop_reason
     payload = {"runId": run_id, "status": status, "summary": message, "sessionKey": session_key}
     return payload, {"code": "UNAVAILABLE", "message": message, "details": details}

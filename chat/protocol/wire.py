@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -51,6 +52,65 @@ _REPLAY_ACK = {
     RunState.TIMEOUT: AckStatus.TIMEOUT,
     RunState.FAILED: AckStatus.ERROR,
 }
+
+
+# The stopReason of a run that ended without storing one: the one definition every surface
+# (chat event, ack, `agent` answer and events) takes its default from.
+_DEFAULT_STOP_REASON: dict[str, str] = {
+    RunState.DONE: "stop",
+    RunState.KILLED: "rpc",
+    RunState.TIMEOUT: "timeout",
+}
+
+
+def default_stop_reason(state: str) -> str:
+    """The stopReason a `done`, `killed` or `timeout` run gets when it stored none."""
+    return _DEFAULT_STOP_REASON[state]
+
+
+def default_error_kind(state: str) -> str:
+    """The errorKind a `failed` or `timeout` run gets when it stored none."""
+    return "timeout" if state == RunState.TIMEOUT else "unknown"
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """How a terminal run ended, as every surface states it."""
+
+    state: RunState
+    stop_reason: str | None  # done, killed, timeout; None for failed
+    error_kind: str | None  # failed, timeout; None otherwise
+    error_message: str  # as stored: "" when the run stored none
+
+    @property
+    def error_text(self) -> str:
+        """The error message, or `run <state>` when there is none (acks and the `agent` answer)."""
+        return self.error_message or f"run {self.state}"
+
+
+def outcome(run: Run) -> RunOutcome:
+    """The outcome of a terminal run, with the protocol's defaults filled in."""
+    state = RunState(run.state)
+    if state not in _DEFAULT_STOP_REASON and state != RunState.FAILED:
+        raise ValueError(f"run {run.run_id} has not ended ({state})")
+    stop = (run.stop_reason or default_stop_reason(state)) if state in _DEFAULT_STOP_REASON else None
+    failed = state in (RunState.FAILED, RunState.TIMEOUT)
+    return RunOutcome(
+        state=state,
+        stop_reason=stop,
+        error_kind=(run.error_kind or default_error_kind(state)) if failed else None,
+        error_message=run.error_message or "",
+    )
+
+
+def duration_ms(run: Run) -> int | None:
+    """A run's `durationMs`: from dispatch (when it left the queue) to its end; None until both are known."""
+    # started_at is only a fallback for a row without a dispatch time (the lifecycle always
+    # writes dispatched_at first), kept so no stored run loses its duration
+    start = run.dispatched_at or run.started_at
+    if start is None or run.ended_at is None:
+        return None
+    return max(0, int((run.ended_at - start).total_seconds() * 1000))
 
 
 def ms(value: datetime | None) -> int | None:
@@ -103,9 +163,8 @@ def session_row(session: ChatSession, queued: Sequence[str]) -> dict[str, Any]:
 
 def session_rows(sessions: Sequence[ChatSession]) -> list[dict[str, Any]]:
     """Rows for many sessions (read with their runs) with one more query, whatever their number."""
-    if len(sessions) == 1:  # the common case: one statement compiled once
-        return [session_row(sessions[0], statements.queued_run_ids(sessions[0].pk))]
-    queued = gateway_reads.queued_run_ids([s.pk for s in sessions]) if sessions else {}
+    # one session (the common case) is one compiled statement; a page is one query
+    queued = statements.queued_run_ids([s.pk for s in sessions])
     return [session_row(s, queued.get(s.pk, ())) for s in sessions]
 
 
@@ -129,9 +188,9 @@ def row_event(row: dict[str, Any], reason: str, run_id: str | None = None) -> di
 def run_details(run: Run) -> dict[str, Any]:
     """Not in the spec: a finished run's `durationMs` and `usage`, when known."""
     details: dict[str, Any] = {}
-    start = run.dispatched_at or run.started_at
-    if start is not None and run.ended_at is not None:
-        details["durationMs"] = max(0, int((run.ended_at - start).total_seconds() * 1000))
+    duration = duration_ms(run)
+    if duration is not None:
+        details["durationMs"] = duration
     usage = {
         name: value
         for name, value in (("promptTokens", run.prompt_tokens), ("completionTokens", run.completion_tokens))
@@ -157,23 +216,24 @@ def chat_payload(run: Run, session_key: str) -> dict[str, Any]:
     state = run.state
     if state in OPEN_STATES:
         return {**base, "state": ChatState.STATUS.value, "phase": state}
+    end = outcome(run)
     if state == RunState.DONE:
         return {
             **base,
             "state": ChatState.FINAL.value,
-            "stopReason": run.stop_reason or "stop",
+            "stopReason": end.stop_reason,
             "message": assistant_message(run.reply, ms(run.ended_at)),
             **run_details(run),
         }
     if state == RunState.KILLED:
-        payload = {**base, "state": ChatState.ABORTED.value, "stopReason": run.stop_reason or "rpc", **run_details(run)}
+        payload = {**base, "state": ChatState.ABORTED.value, "stopReason": end.stop_reason, **run_details(run)}
     else:
-        kind = run.error_kind or ("timeout" if state == RunState.TIMEOUT else "unknown")
         payload = {
             **base,
             "state": ChatState.ERROR.value,
-            "errorKind": kind,
-            "errorMessage": run.error_message or state,
+            "errorKind": end.error_kind,
+            # the bare state, not `error_text`: this is what chat events have always said
+            "errorMessage": end.error_message or state,
             **run_details(run),
         }
     if run.reply:
@@ -224,16 +284,18 @@ def ack_payload(run: Run | None, status: AckStatus, session_key: str, session_id
         "sessionId": session_id,
     }
     if run is not None and status in TERMINAL_ACKS:
+        # a terminal status is the replay ack of the run's own terminal state (`_REPLAY_ACK`)
+        end = outcome(run)
         if status == AckStatus.OK:
             payload["reply"] = run.reply
-            payload["stopReason"] = run.stop_reason or "stop"
+            payload["stopReason"] = end.stop_reason
         elif status == AckStatus.TIMEOUT:
-            payload["stopReason"] = run.stop_reason or ("timeout" if run.state == RunState.TIMEOUT else "rpc")
-            if run.error_message:
-                payload["summary"] = run.error_message
+            payload["stopReason"] = end.stop_reason
+            if end.error_message:
+                payload["summary"] = end.error_message
         else:
-            payload["summary"] = run.error_message or "run failed"
-            payload["errorKind"] = run.error_kind or "unknown"
+            payload["summary"] = end.error_text
+            payload["errorKind"] = end.error_kind
     payload.update({k: v for k, v in extra.items() if v is not None})
     return payload
 
