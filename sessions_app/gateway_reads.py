@@ -1,12 +1,12 @@
 """Reads for the gateway: sessions, runs and transcripts, as models.
 
-Encoding them for the wire is the gateway's business (`chat.protocol.wire`).
+Encoding them for the wire is the gateway's business (`chat.protocol.wire`). A session's
+queued runIds, for one session or a page, are `statements.queued_run_ids` (which owns both
+the compiled hot-path read and the ORM read of a page).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from django.db.models import Q, QuerySet
@@ -24,15 +24,6 @@ def sessions_with_runs() -> QuerySet[ChatSession]:
     return ChatSession.objects.select_related(*related).defer(
         *(f"{rel}__{name}" for rel in related for name in _HEAVY_RUN_FIELDS)
     )
-
-
-def queued_run_ids(session_pks: Sequence[int]) -> dict[int, list[str]]:
-    """The queued runIds of each session, oldest first."""
-    queued: dict[int, list[str]] = defaultdict(list)
-    rows = Run.objects.filter(session_id__in=session_pks, state=RunState.QUEUED).order_by("queue_seq", "id")
-    for session_pk, run_id in rows.values_list("session_id", "run_id"):
-        queued[session_pk].append(run_id)
-    return queued
 
 
 def session_by_pk(session_pk: int) -> ChatSession | None:
@@ -137,7 +128,10 @@ def context_messages(run: Run, *, limit: int) -> list[Message]:
 
 
 def open_run_counts(owner_id: int | None = None) -> tuple[int, int]:
-    """(active, queued) runs of the whole gateway, or of one owner's sessions."""
+    """THE open-run counts: (active, queued) runs of the whole gateway, or of one owner's sessions.
+
+    The `health` method and the `/metrics` gauges both read these, so they cannot disagree.
+    """
     runs = Run.objects.all() if owner_id is None else Run.objects.filter(session__owner_id=owner_id)
     active = runs.filter(state__in=ACTIVE_STATES).count()
     queued = runs.filter(state=RunState.QUEUED).count()

@@ -23,29 +23,64 @@ from sessions_app.process import live_process_ids, stale_before
 FAILED_WINDOW = timedelta(hours=24)
 
 
-def stuck_cutoff() -> datetime:
+def stuck_cutoff(now: datetime | None = None) -> datetime:
     """Active runs dispatched before this have run longer than GATEWAY_STUCK_RUN_SECONDS."""
-    return timezone.now() - timedelta(seconds=settings.GATEWAY_STUCK_RUN_SECONDS)
+    return (now or timezone.now()) - timedelta(seconds=settings.GATEWAY_STUCK_RUN_SECONDS)
 
 
-def claim_cutoff() -> datetime:
+def claim_cutoff(now: datetime | None = None) -> datetime:
     """Unowned active runs dispatched before this were not claimed in time by any live process."""
-    return timezone.now() - timedelta(seconds=settings.GATEWAY_RECOVERY_SECONDS)
+    return (now or timezone.now()) - timedelta(seconds=settings.GATEWAY_RECOVERY_SECONDS)
+
+
+def stuck_run_reasons(live: set[str], now: datetime | None = None) -> dict[str, Q]:
+    """THE ways an active run is stuck, each a condition on `Run`, named by its doctor finding.
+
+    `stuck_runs` ORs them; `gateway_doctor` reads them per run (as annotations) to name its
+    finding. An unowned ('') active run is stuck when no process is alive to claim it, or
+    when no live process claimed it within GATEWAY_RECOVERY_SECONDS (they do on each heartbeat).
+    """
+    too_long = Q(dispatched_at__lt=stuck_cutoff(now))
+    if not live:  # nothing alive executes or claims any active run: together, every one of them
+        return {
+            "dead_process_run": ~Q(owner_process=""),
+            "unclaimed_run": Q(owner_process=""),
+            "long_running_run": too_long,
+        }
+    return {
+        "dead_process_run": ~Q(owner_process__in=sorted(live)) & ~Q(owner_process=""),
+        # (no dispatch time: impossible through the lifecycle, so nobody will claim it either)
+        "unclaimed_run": Q(owner_process="") & (Q(dispatched_at__lt=claim_cutoff(now)) | Q(dispatched_at__isnull=True)),
+        "long_running_run": too_long,
+    }
 
 
 def stuck_runs(live: set[str] | None = None) -> QuerySet[Run]:
-    """Active runs with no live process behind them, or running longer than the threshold.
-
-    An unowned ('') active run is stuck when no process is alive to claim it, or when
-    no live process claimed it within GATEWAY_RECOVERY_SECONDS (they do on each heartbeat).
-    """
+    """Active runs with no live process behind them, or running longer than the threshold."""
     live = live_process_ids() if live is None else live
-    too_long = Q(dispatched_at__lt=stuck_cutoff())
-    if not live:
+    if not live:  # `stuck_run_reasons` then covers every active run: no condition to evaluate
         return Run.objects.filter(state__in=ACTIVE_STATES)
-    dead_owner = ~Q(owner_process__in=sorted(live)) & ~Q(owner_process="")
-    unclaimed = Q(owner_process="", dispatched_at__lt=claim_cutoff())
-    return Run.objects.filter(state__in=ACTIVE_STATES).filter(dead_owner | unclaimed | too_long)
+    reasons = stuck_run_reasons(live)
+    stuck = reasons["dead_process_run"] | reasons["unclaimed_run"] | reasons["long_running_run"]
+    return Run.objects.filter(state__in=ACTIVE_STATES).filter(stuck)
+
+
+def stranded_queue_runs() -> QuerySet[Run]:
+    """Queued runs of a session with no active run: nothing will ever start them."""
+    return Run.objects.filter(state=RunState.QUEUED, session__active_run__isnull=True)
+
+
+def running_without_active_run() -> QuerySet[ChatSession]:
+    """Sessions whose row says `running` without an active run."""
+    # Spelt NOT (... IS NOT NULL): SQLite would otherwise walk the unique active_run
+    # index for IS NULL (it expects one row there; nearly every session matches).
+    return ChatSession.objects.filter(status=SessionStatus.RUNNING).filter(~Q(active_run__isnull=False))
+
+
+def active_run_not_active() -> QuerySet[ChatSession]:
+    """Sessions whose active-run slot points at a run that already ended (or never started)."""
+    # `> 0` rather than IS NOT NULL: a range on the active_run index on both databases.
+    return ChatSession.objects.filter(active_run__gt=0).exclude(active_run__state__in=ACTIVE_STATES)
 
 
 def _stuck_branches(live: set[str], among: list[int] | None) -> list[QuerySet[Any]]:
@@ -58,12 +93,9 @@ def _stuck_branches(live: set[str], among: list[int] | None) -> list[QuerySet[An
     """
     branches: list[QuerySet[Any]] = [
         stuck_runs(live).values("session_id"),
-        Run.objects.filter(state=RunState.QUEUED, session__active_run__isnull=True).values("session_id"),
-        # Spelt NOT (... IS NOT NULL): SQLite would otherwise walk the unique active_run
-        # index for IS NULL (it expects one row there; nearly every session matches).
-        ChatSession.objects.filter(status=SessionStatus.RUNNING).filter(~Q(active_run__isnull=False)).values("pk"),
-        # `> 0` rather than IS NOT NULL: a range on the active_run index on both databases.
-        ChatSession.objects.filter(active_run__gt=0).exclude(active_run__state__in=ACTIVE_STATES).values("pk"),
+        stranded_queue_runs().values("session_id"),
+        running_without_active_run().values("pk"),
+        active_run_not_active().values("pk"),
     ]
     if among is not None:
         branches = [b.filter(session_id__in=among) if b.model is Run else b.filter(pk__in=among) for b in branches]
@@ -98,10 +130,12 @@ def stuck_session_ids(live: set[str] | None = None, among: list[int] | None = No
     return {next(iter(row.values())) for row in stuck_session_ids_query(live, among)}
 
 
-def failed_sessions(since: datetime | None = None) -> QuerySet[ChatSession]:
-    """Sessions whose last run failed at or after `since` (default: the last 24 h)."""
+def failed_sessions(since: datetime | None = None, among: QuerySet[ChatSession] | None = None) -> QuerySet[ChatSession]:
+    """THE definition of a failed session: its last run failed at or after `since` (default: the
+    last 24 h). `among` narrows a queryset (the admin filter) instead of all sessions."""
     since = since or timezone.now() - FAILED_WINDOW
-    return ChatSession.objects.filter(status=SessionStatus.FAILED, ended_at__gte=since)
+    sessions = ChatSession.objects.all() if among is None else among
+    return sessions.filter(status=SessionStatus.FAILED, ended_at__gte=since)
 
 
 def running_sessions() -> QuerySet[ChatSession]:

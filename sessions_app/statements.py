@@ -9,6 +9,7 @@ the ORM would make them. Everything else goes through the ORM.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from functools import cache
 from typing import Any, TypeVar
@@ -16,7 +17,7 @@ from typing import Any, TypeVar
 from django.db import connection, models
 from django.db.models import Field, Model
 
-from sessions_app.models import ChatSession, Run
+from sessions_app.models import ChatSession, Run, RunState
 
 M = TypeVar("M", bound=Model)
 # attribute names of the runIds a session row names (see `run_id_of`)
@@ -125,16 +126,43 @@ def runs(where: str, params: Sequence[Any]) -> list[Run]:
     return [shape.make(row) for row in rows]  # type: ignore[misc]
 
 
-def queued_run_ids(session_pk: int) -> list[str]:
-    """The session's queued runIds, oldest first."""
-    with connection.cursor() as cursor:
-        cursor.execute(_queued_ids_sql(), [session_pk, "queued"])
-        return [row[0] for row in cursor.fetchall()]
+# --- a session's queue: THE definition, in its two spellings ------------------------------------
+# Queued runs are the runs in state `queued`, oldest first by (queue_seq, id). The hot path reads
+# one session's queue on every turn, so that read is SQL compiled once (below); a page of sessions
+# (the gateway's lists, the admin's changelist) reads every queue of the page in one ORM query,
+# whatever its size. Both spellings live here, side by side, so they cannot drift apart; every
+# reader of a queue (lifecycle, gateway, admin) calls `queued_runs` or `queued_run_ids`.
+QUEUED_ORDER = ("queue_seq", "id")
+_QUEUED_WHERE = "r.session_id = %s AND r.state = %s ORDER BY r.queue_seq, r.id"
+
+
+def queued_runs(session_pk: int) -> list[Run]:
+    """The session's queued runs, oldest first (compiled: the lifecycle starts and aborts them)."""
+    return runs(_QUEUED_WHERE, [session_pk, RunState.QUEUED])
+
+
+def queued_run_ids(session_pks: Sequence[int]) -> dict[int, list[str]]:
+    """The queued runIds of each session, oldest first (sessions without any are absent).
+
+    One session (the common case) is one compiled statement; several are one ORM query.
+    """
+    if not session_pks:
+        return {}
+    if len(session_pks) == 1:
+        with connection.cursor() as cursor:
+            cursor.execute(_queued_ids_sql(connection.vendor), [session_pks[0], RunState.QUEUED])
+            ids = [row[0] for row in cursor.fetchall()]
+        return {session_pks[0]: ids} if ids else {}
+    queued: dict[int, list[str]] = defaultdict(list)
+    rows = Run.objects.filter(session_id__in=session_pks, state=RunState.QUEUED).order_by(*QUEUED_ORDER)
+    for session_pk, run_id in rows.values_list("session_id", "run_id"):
+        queued[session_pk].append(run_id)
+    return dict(queued)
 
 
 @cache
-def _queued_ids_sql() -> str:
-    return f"SELECT run_id FROM {_table(Run)} WHERE session_id = %s AND state = %s ORDER BY queue_seq, id"
+def _queued_ids_sql(vendor: str) -> str:
+    return f"SELECT r.run_id FROM {_table(Run)} r WHERE {_QUEUED_WHERE}"
 
 
 def next_queue_seq(session_pk: int) -> int:

@@ -19,8 +19,7 @@ from prometheus_client.registry import Collector
 
 from chat.runtime import health
 from chat.runtime.registry import connections as gateway_connections
-from sessions_app import operator_reads
-from sessions_app.models import ACTIVE_STATES, Run, RunState
+from sessions_app import gateway_reads, operator_reads
 from sessions_app.operations.dbcheck import probe_database
 from sessions_app.process import live_process_ids
 
@@ -29,15 +28,10 @@ log = logging.getLogger(__name__)
 
 def _database_gauges() -> dict[str, tuple[str, float]]:
     live = live_process_ids()
+    active, queued = gateway_reads.open_run_counts()  # the figures `health` gives an admin
     return {
-        "agentgate_active_runs": (
-            "Runs dispatching or running (all processes).",
-            Run.objects.filter(state__in=ACTIVE_STATES).count(),
-        ),
-        "agentgate_queued_runs": (
-            "Runs waiting behind an active run (all processes).",
-            Run.objects.filter(state=RunState.QUEUED).count(),
-        ),
+        "agentgate_active_runs": ("Runs dispatching or running (all processes).", active),
+        "agentgate_queued_runs": ("Runs waiting behind an active run (all processes).", queued),
         "agentgate_stuck_sessions": (
             "Sessions the admin shows as stuck (operator_reads: no live process "
             "behind an active run, running too long, queue or row stranded).",

@@ -22,7 +22,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.text import Truncator
 
-from sessions_app import operator_reads
+from sessions_app import operator_reads, statements
 from sessions_app.admin.common import (
     RUN_HEAVY_FIELDS,
     RUNS_SHOWN,
@@ -65,9 +65,12 @@ class StuckFilter(admin.SimpleListFilter):
 
 
 class FailedRecentlyFilter(admin.SimpleListFilter):
+    """Sessions whose last run failed within a window (`operator_reads.failed_sessions`)."""
+
     title = "failed recently"
     parameter_name = "failed"
-    WINDOWS = {"24h": timedelta(hours=24), "7d": timedelta(days=7)}
+    # "24h" is the window of the changelist's "failed (24 h)" count, which links here
+    WINDOWS = {"24h": operator_reads.FAILED_WINDOW, "7d": timedelta(days=7)}
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         return [("24h", "Failed in the last 24 h"), ("7d", "Failed in the last 7 days")]
@@ -76,7 +79,7 @@ class FailedRecentlyFilter(admin.SimpleListFilter):
         window = self.WINDOWS.get(self.value() or "")
         if window is None:
             return queryset
-        return queryset.filter(status=SessionStatus.FAILED, ended_at__gte=timezone.now() - window)
+        return operator_reads.failed_sessions(timezone.now() - window, among=queryset)
 
 
 class StatusFilter(admin.SimpleListFilter):
@@ -226,10 +229,10 @@ class ChatSessionAdmin(RowAnnotationsMixin, admin.ModelAdmin):
         """The stuck badge uses THE stuck definition (operator_reads), for just these rows: one query."""
         ids = [row.pk for row in rows]
         stuck = operator_reads.stuck_session_ids(live_ids(request), among=ids)
-        queued = set(Run.objects.filter(session_id__in=ids, state=RunState.QUEUED).values_list("session_id", flat=True))
+        queued = statements.queued_run_ids(ids)  # THE queue read; one query for the page
         for row in rows:
             row.is_stuck = row.pk in stuck
-            row.has_queued = row.pk in queued
+            row.has_queued = bool(queued.get(row.pk))
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[ChatSession], search_term: str
@@ -340,11 +343,8 @@ class ChatSessionAdmin(RowAnnotationsMixin, admin.ModelAdmin):
 
     @admin.display(description="queued runs")
     def queued_runs(self, obj: Any) -> str:
-        ids = list(
-            Run.objects.filter(session_id=obj.pk, state=RunState.QUEUED)
-            .order_by("queue_seq", "id")
-            .values_list("run_id", flat=True)[:20]
-        )
+        # the whole queue is read (bounded by GATEWAY_QUEUE_MAX), the first 20 shown
+        ids = statements.queued_run_ids([obj.pk]).get(obj.pk, [])[:20]
         return ", ".join(ids) or "-"
 
     @admin.display(description="runs")

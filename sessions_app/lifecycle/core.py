@@ -111,8 +111,20 @@ def row_changed(session: ChatSession, *, reason: str, actor: str, deleted: bool 
     signals.session_changed.send(sender=ChatSession, session=session, reason=reason, actor=actor, deleted=deleted)
 
 
-def take_outcome(session: ChatSession, run: Run) -> None:
-    """Copy a terminal run's outcome onto the row, as its terminal transition would have."""
+def take_outcome(session: ChatSession, run: Run | None) -> None:
+    """THE rule for a run's outcome on its session row: copy a terminal run's outcome onto the
+    row, as its terminal transition would have; `None` clears it (a reset: no last run).
+
+    Every writer of the outcome fields (terminal transitions, a send failed before its ack,
+    reset, operator repairs) goes through here, so the row cannot say one thing per path.
+    """
+    if run is None:
+        session.status = None
+        session.last_run = None
+        session.ended_at = None
+        session.aborted_last_run = False
+        session.last_run_error = ""
+        return
     session.status = run.state
     session.last_run = run
     session.ended_at = run.ended_at or timezone.now()
@@ -144,9 +156,8 @@ def next_queue_seq(session: ChatSession) -> int:
 
 
 def queued_runs(session: ChatSession) -> list[Run]:
-    return statements.runs(
-        "r.session_id = %s AND r.state = %s ORDER BY r.queue_seq, r.id", [session.pk, RunState.QUEUED]
-    )
+    """The session's queue, oldest first (`statements` owns what a queue is)."""
+    return statements.queued_runs(session.pk)
 
 
 def emit_run(

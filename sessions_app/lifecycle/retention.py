@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.db import transaction
+from django.db.models import Exists, OuterRef, QuerySet
 
 from sessions_app.lifecycle.core import row_changed
 from sessions_app.models import OPEN_STATES, Actor, ChatSession, LifecycleEvent, Message, Run, SessionStatus
@@ -23,6 +24,26 @@ class PruneBatch:
     keys: list[str] = field(default_factory=list)
 
 
+# --- THE definition of an idle session (selection in `operations.retention`, the re-check below) ---
+
+
+def idle_rows(cutoff: datetime) -> QuerySet[ChatSession]:
+    """The row half of "idle": unchanged since `cutoff`, no active run, not `running`."""
+    return ChatSession.objects.filter(updated_at__lt=cutoff, active_run__isnull=True).exclude(
+        status=SessionStatus.RUNNING
+    )
+
+
+def open_runs() -> QuerySet[Run]:
+    """The run half of "idle": a session with any of these (active or queued) is busy."""
+    return Run.objects.filter(state__in=OPEN_STATES)
+
+
+def idle_sessions(cutoff: datetime) -> QuerySet[ChatSession]:
+    """Sessions unchanged since `cutoff` with no active or queued run (both halves, one query)."""
+    return idle_rows(cutoff).exclude(Exists(open_runs().filter(session_id=OuterRef("pk"))))
+
+
 def prune_idle_sessions(
     session_pks: list[int], *, idle_before: datetime, actor: str = Actor.SYSTEM, broadcast: bool = True
 ) -> PruneBatch:
@@ -33,17 +54,10 @@ def prune_idle_sessions(
     Each deleted session is announced like `sessions.delete` (reason `delete`).
     """
     with transaction.atomic():
-        locked = list(
-            ChatSession.objects.select_for_update()
-            .filter(pk__in=session_pks, updated_at__lt=idle_before, active_run__isnull=True)
-            .exclude(status=SessionStatus.RUNNING)
-            .order_by("pk")
-        )
-        busy = set(
-            Run.objects.filter(session_id__in=[s.pk for s in locked], state__in=OPEN_STATES).values_list(
-                "session_id", flat=True
-            )
-        )
+        # `idle_sessions` in two steps: lock the idle rows, then look for their open runs, so a
+        # run admitted before the lock was taken is seen (it bumps the row, or it is read here).
+        locked = list(idle_rows(idle_before).select_for_update().filter(pk__in=session_pks).order_by("pk"))
+        busy = set(open_runs().filter(session_id__in=[s.pk for s in locked]).values_list("session_id", flat=True))
         victims = [s for s in locked if s.pk not in busy]
         batch = PruneBatch(skipped=len(session_pks) - len(victims))
         if not victims:

@@ -18,9 +18,10 @@ from sessions_app.lifecycle.core import (
     lock_run,
     next_queue_seq,
     save_row,
+    take_outcome,
     transition,
 )
-from sessions_app.models import ACTIVE_STATES, Actor, ChatSession, Run, RunState, SessionStatus
+from sessions_app.models import ACTIVE_STATES, Actor, ChatSession, Run, RunState
 
 # What admission decided: a new run started or queued, the key's existing run, a key reused
 # with another body, a full queue, or a send that failed before its ack (kept as a failed run).
@@ -120,11 +121,8 @@ def _admit_failed(session: ChatSession, base: dict[str, Any], error: str, actor:
     changed = False
     if session.active_run_id is None:
         # `running` iff an active run: a failed side-send never masks a live run.
-        session.status = SessionStatus.FAILED
-        session.last_run = run
-        session.started_at = session.ended_at = run.ended_at
-        session.aborted_last_run = False
-        session.last_run_error = error
+        take_outcome(session, run)  # failed, this run, its error
+        session.started_at = run.ended_at  # it never ran: it started and ended at once
         save_row(session, "status", "last_run", "started_at", "ended_at", "aborted_last_run", "last_run_error")
         changed = True
     emit_run(

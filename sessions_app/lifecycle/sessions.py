@@ -20,6 +20,7 @@ from sessions_app.lifecycle.core import (
     lock_session,
     row_changed,
     save_row,
+    take_outcome,
 )
 from sessions_app.models import Actor, ChatSession, Run
 
@@ -119,12 +120,8 @@ def reset_session(
         session = _lock(owner_id=owner_id, key=key, pk=pk, create=create, agent_id=agent_id, actor=actor)
         killed = kill_all(session, stop_reason="reset", actor=actor)
         session.session_id = uuid.uuid4()
-        session.status = None
-        session.last_run = None
+        take_outcome(session, None)  # a fresh transcript has no last run
         session.started_at = None
-        session.ended_at = None
-        session.aborted_last_run = False
-        session.last_run_error = ""
         save_row(
             session, "session_id", "status", "last_run", "started_at", "ended_at", "aborted_last_run", "last_run_error"
         )

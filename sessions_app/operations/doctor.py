@@ -3,8 +3,16 @@
 `check()` reads; `fix()` repairs each finding through the lifecycle service, so every
 repair writes its audit row and reaches connected clients like any other change.
 The checks are driven by the open runs (few) and three indexed session queries,
-so they cost the same with a million finished runs as with none. Every session the
-admin shows as stuck (`operator_reads.stuck_session_ids_query`) has a finding here.
+so they cost the same with a million finished runs as with none.
+
+Every session the admin shows as stuck (`operator_reads.stuck_session_ids_query`) has a
+finding here, because the checks are built from the same definitions: a stuck active run
+is `dead_process_run`, `unclaimed_run` or `long_running_run` by the conditions of
+`operator_reads.stuck_run_reasons` (read per run, as annotations of the open-run query);
+`active_run_not_active`, `running_without_active_run` and `queued_without_active_run` are
+`operator_reads.active_run_not_active`, `running_without_active_run` and `stranded_queue_runs`.
+The doctor finds more than "stuck" (overdue, stale-generation and stray runs, rows not
+saying `running`); a run-level finding takes the place of the row-level one it explains.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
+from sessions_app import operator_reads
 from sessions_app.lifecycle import operators, runs
 from sessions_app.models import ACTIVE_STATES, OPEN_STATES, Actor, ChatSession, Run, RunState, SessionStatus
 from sessions_app.operations.recovery import INTERRUPTED_MESSAGE
@@ -93,12 +102,14 @@ def check(*, now: Any = None) -> list[Finding]:
     now = now or timezone.now()
     live = live_process_ids()
     grace = timedelta(seconds=settings.GATEWAY_RECOVERY_SECONDS)
-    stuck_before = now - timedelta(seconds=settings.GATEWAY_STUCK_RUN_SECONDS)
+    # THE stuck conditions (operator_reads), evaluated by the database for each open run
+    reasons = operator_reads.stuck_run_reasons(live, now)
+    open_runs = Run.objects.filter(state__in=OPEN_STATES).annotate(**reasons).values(*_OPEN_RUN_FIELDS, *reasons)
     findings: list[Finding] = []
     queued_sessions: dict[int, dict[str, Any]] = {}
     active_sessions: set[int] = set()
 
-    for run in Run.objects.filter(state__in=OPEN_STATES).values(*_OPEN_RUN_FIELDS).iterator(chunk_size=2000):
+    for run in open_runs.iterator(chunk_size=2000):
         base = {
             "session_pk": run["session_id"],
             "session_key": run["session__key"],
@@ -114,11 +125,11 @@ def check(*, now: Any = None) -> list[Finding]:
             continue
         active_sessions.add(run["session_id"])
         owner = run["owner_process"]
-        if owner and owner not in live:
+        if run["dead_process_run"]:
             findings.append(Finding("dead_process_run", detail=f"owner process {owner} is not alive", **base))
             continue
         started = run["dispatched_at"]
-        if not owner and (not live or started is None or started < now - grace):
+        if run["unclaimed_run"]:
             detail = "no owner process; " + ("no live process claimed it" if live else "no live process to claim it")
             findings.append(Finding("unclaimed_run", detail=detail, **base))
             continue
@@ -126,7 +137,8 @@ def check(*, now: Any = None) -> list[Finding]:
             age = int((now - started).total_seconds())
             findings.append(Finding("overdue_run", detail=f"active for {age}s, budget {run['timeout_ms']} ms", **base))
             continue
-        if started is not None and started < stuck_before:
+        if run["long_running_run"]:
+            assert started is not None  # the condition compares it
             age = int((now - started).total_seconds())
             findings.append(
                 Finding(
@@ -139,22 +151,22 @@ def check(*, now: Any = None) -> list[Finding]:
         if run["session__active_run_id"] != run["pk"]:
             findings.append(Finding("stray_active_run", detail="not the session's active run", **base))
 
-    rows = ChatSession.objects.select_related("owner", "active_run")
-    for s in rows.filter(active_run__isnull=False).exclude(active_run__state__in=ACTIVE_STATES):
+    related = ("owner", "active_run")
+    for s in operator_reads.active_run_not_active().select_related(*related):
         ended = s.active_run
         assert ended is not None
         findings.append(_session_finding("active_run_not_active", s, f"active run {ended.run_id} is {ended.state}"))
-    for s in rows.filter(status=SessionStatus.RUNNING, active_run__isnull=True):
+    for s in operator_reads.running_without_active_run().select_related(*related):
         findings.append(_session_finding("running_without_active_run", s, "status running, no active run"))
+    rows = ChatSession.objects.select_related(*related)
     for s in rows.filter(active_run__isnull=False, active_run__state__in=ACTIVE_STATES).exclude(
         status=SessionStatus.RUNNING
     ):
         findings.append(_session_finding("active_without_running_status", s, f"status {s.status}"))
 
-    idle = ChatSession.objects.filter(pk__in=list(queued_sessions), active_run__isnull=True).values_list(
-        "pk", flat=True
-    )
-    for pk in idle:
+    # the stranded queues among those with a current-generation queued run (stale ones are reported above)
+    stranded = operator_reads.stranded_queue_runs().filter(session_id__in=list(queued_sessions))
+    for pk in set(stranded.values_list("session_id", flat=True)):
         if pk not in active_sessions:  # a stray active run is reported (and fixed) on its own
             base = queued_sessions[pk]
             findings.append(Finding("queued_without_active_run", detail="queued runs wait behind nothing", **base))

@@ -1,6 +1,7 @@
 """Retention: delete sessions that have been idle for a while, in batches.
 
-Selection is a cheap indexed read (`updated_at` index); each batch is then
+Selection is a cheap indexed read (`updated_at` index) of `lifecycle.retention.idle_sessions`,
+the one definition of an idle session; each batch is then
 re-checked and deleted by `lifecycle.prune_idle_sessions` under row locks, so a
 session that got an active or queued run meanwhile is never touched.
 """
@@ -11,12 +12,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 
 from sessions_app import audit
-from sessions_app.lifecycle.retention import prune_idle_sessions
-from sessions_app.models import OPEN_STATES, ChatSession, LifecycleEvent, Message, Run, SessionStatus
+from sessions_app.lifecycle.retention import idle_sessions, prune_idle_sessions
+from sessions_app.models import ChatSession, LifecycleEvent, Message, Run
 
 
 @dataclass
@@ -43,16 +43,6 @@ class PruneResult:
             "skipped": self.skipped,
             "sampleKeys": self.keys,
         }
-
-
-def idle_sessions(cutoff: datetime) -> QuerySet[ChatSession]:
-    """Sessions unchanged since `cutoff` with no active or queued run."""
-    open_runs = Run.objects.filter(session_id=OuterRef("pk"), state__in=OPEN_STATES)
-    return (
-        ChatSession.objects.filter(updated_at__lt=cutoff, active_run__isnull=True)
-        .exclude(status=SessionStatus.RUNNING)
-        .exclude(Exists(open_runs))
-    )
 
 
 def _batches(cutoff: datetime, batch_size: int) -> Iterator[list[int]]:
