@@ -16,18 +16,27 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 from asgiref.sync import SyncToAsync, async_to_sync
 from channels.layers import get_channel_layer
 
 from chat.delivery import groups
+from chat.delivery.messages import (
+    OPERATORS_VIA,
+    AccessMessage,
+    ChatMessage,
+    GatewayMessage,
+    RunCancel,
+    SessionMessage,
+    untyped,
+)
 from chat.protocol.frames import encode
 
 log = logging.getLogger(__name__)
 
 
-def chat_message(owner_id: int, run_pk: int, payload: dict[str, Any]) -> dict[str, Any]:
+def chat_message(owner_id: int, run_pk: int, payload: dict[str, Any]) -> ChatMessage:
     """A layer message carrying a `chat` event of one run.
 
     The payload travels encoded once, as JSON text, for every connection to send as it is,
@@ -49,7 +58,7 @@ def chat_message(owner_id: int, run_pk: int, payload: dict[str, Any]) -> dict[st
     }
 
 
-def session_message(owner_id: int, session_pk: int, payload: dict[str, Any]) -> dict[str, Any]:
+def session_message(owner_id: int, session_pk: int, payload: dict[str, Any]) -> SessionMessage:
     """A layer message carrying a `sessions.changed` event of one session, encoded once (as `chat_message`)."""
     row = payload["session"]
     row_json = encode(row)
@@ -66,14 +75,15 @@ def session_message(owner_id: int, session_pk: int, payload: dict[str, Any]) -> 
     }
 
 
-async def agroup_send_all(owner_id: int, message: dict[str, Any]) -> None:
+async def agroup_send_all(owner_id: int, message: GatewayMessage) -> None:
     """Send to the owner's connections and to operators subscribed to every session."""
     layer = get_channel_layer()
     if layer is None:
         return
-    for group, msg in ((groups.user_group(owner_id), message), (groups.OPERATORS, {**message, "via": "operators"})):
+    operators = cast(GatewayMessage, {**message, "via": OPERATORS_VIA})
+    for group, msg in ((groups.user_group(owner_id), message), (groups.OPERATORS, operators)):
         try:
-            await layer.group_send(group, msg)
+            await layer.group_send(group, untyped(msg))
         except Exception:  # a broadcast never undoes a committed change
             log.exception("group_send to %s failed", group)
 
@@ -115,13 +125,13 @@ class Broadcaster:
             finally:
                 queue.task_done()
 
-    def send(self, owner_id: int, message: dict[str, Any]) -> None:
+    def send(self, owner_id: int, message: GatewayMessage) -> None:
         """Queue a broadcast to an owner's connections (and operators), from any thread."""
         self._enqueue(partial(agroup_send_all, owner_id, message))
 
-    def route(self, group: str, message: dict[str, Any]) -> None:
+    def route(self, group: str, message: AccessMessage | RunCancel) -> None:
         """Queue a message to one group (another process's runtime), from any thread."""
-        self._enqueue(partial(_group_send, group, message))
+        self._enqueue(partial(_group_send, group, untyped(message)))
 
     def _enqueue(self, send: Callable[[], Awaitable[None]]) -> None:
         loop, queue = self.loop, self.queue

@@ -15,17 +15,18 @@ import logging
 import time
 import uuid
 from collections import defaultdict
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol, cast
 
 from channels.layers import get_channel_layer
 
 from chat.delivery import groups
+from chat.delivery.messages import OPERATORS_VIA, GatewayMessage, HubProbe, ProcessMessage, untyped
 from chat.runtime import health
 from chat.web import metrics
 
 log = logging.getLogger(__name__)
 CHANNEL_PREFIX = "gateway"  # channel_capacity in settings matches it: every event of the process passes here
-PROBE_TYPE = "hub.probe"
 
 
 class HubNotListening(RuntimeError):
@@ -33,7 +34,7 @@ class HubNotListening(RuntimeError):
 
 
 class Member(Protocol):
-    async def deliver(self, message: dict[str, Any]) -> None: ...
+    async def deliver(self, message: GatewayMessage) -> None: ...
 
 
 class Hub:
@@ -43,12 +44,12 @@ class Hub:
         self.channel: str | None = None
         self.members: dict[str, set[Member]] = defaultdict(set)  # group -> its local connections
         self.task: asyncio.Task[None] | None = None
-        self.on_control: Any = None  # (message) -> None: messages for the process itself (run.cancel)
+        self.on_control: Callable[[ProcessMessage], None] | None = None  # messages for the process itself
         self.process_group: str | None = None
         self._lock = asyncio.Lock()
         self._probes: dict[str, asyncio.Future[None]] = {}  # token -> waiting probe
 
-    async def start(self, process_group: str, on_control: Any) -> None:
+    async def start(self, process_group: str, on_control: Callable[[ProcessMessage], None]) -> None:
         """Open the channel, join the process's own group, and start receiving."""
         self.on_control = on_control
         self.process_group = process_group
@@ -89,7 +90,8 @@ class Hub:
         try:
             await layer.group_add(group, channel)
             try:
-                await layer.group_send(group, {"type": PROBE_TYPE, "token": token})
+                ping: HubProbe = {"type": "hub.probe", "token": token}
+                await layer.group_send(group, untyped(ping))
                 await waiting
             finally:
                 await _group_discard(group, channel)
@@ -141,21 +143,22 @@ class Hub:
         the operators' group says so (`via`).
         """
         if str(message.get("type", "")).startswith("gateway."):
-            written = message.get("at")
-            if written is not None:
-                metrics.EVENT_DELIVERY_LAG.observe(max(0.0, time.time() - written))
-            group = groups.OPERATORS if message.get("via") == "operators" else groups.user_group(message["owner"])
+            event = cast(GatewayMessage, message)  # one of the shapes `chat.delivery.messages` declares
+            if event["type"] == "gateway.chat":
+                metrics.EVENT_DELIVERY_LAG.observe(max(0.0, time.time() - event["at"]))
+            via = event.get("via") == OPERATORS_VIA
+            group = groups.OPERATORS if via else groups.user_group(event["owner"])
             for member in list(self.members.get(group, ())):
                 try:
-                    await member.deliver(message)
+                    await member.deliver(event)
                 except Exception:  # one closing socket must not stop the others
                     log.debug("delivery to one connection failed", exc_info=True)
-        elif message.get("type") == PROBE_TYPE:
+        elif message.get("type") == "hub.probe":
             waiting = self._probes.get(str(message.get("token")))
             if waiting is not None and not waiting.done():
                 waiting.set_result(None)
         elif self.on_control is not None:
-            self.on_control(message)
+            self.on_control(cast(ProcessMessage, message))
 
     async def _open(self, process_group: str) -> None:
         layer = get_channel_layer()

@@ -16,6 +16,7 @@ from channels.layers import get_channel_layer
 from chat.delivery import groups
 from chat.delivery.broadcaster import broadcaster
 from chat.delivery.hub import Hub
+from chat.delivery.messages import ProcessMessage
 from chat.runtime import health
 from chat.runtime.db import db_write
 from chat.runtime.executor import RunExecutor
@@ -115,10 +116,10 @@ class GatewayRuntime:
         self.connections.clear()
         self.loop = None
 
-    def _control(self, message: dict[str, Any]) -> None:
+    def _control(self, message: ProcessMessage) -> None:
         """A message for the process itself: an abort routed from another process."""
-        if message.get("type") == "run.cancel":
-            self.executor.cancel(int(message["run"]))
+        if message["type"] == "run.cancel":
+            self.executor.cancel(message["run"])
 
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run `fn(*args)` on the serving loop, from any thread; a no-op when it is not serving."""

@@ -12,6 +12,7 @@ from channels.layers import get_channel_layer
 
 from chat.delivery import groups
 from chat.delivery.broadcaster import broadcaster
+from chat.delivery.messages import RunCancel
 from chat.runtime.gateway import runtime
 from sessions_app.models import Run
 
@@ -33,7 +34,8 @@ def run_ended(run_pk: int, owner_process: str) -> None:
         return
     # Another process owns it: route the cancel there (its reconcile loop is the backstop).
     if get_channel_layer() is not None:
-        broadcaster.route(groups.process_group(owner_process), {"type": "run.cancel", "run": run_pk})
+        cancel: RunCancel = {"type": "run.cancel", "run": run_pk}
+        broadcaster.route(groups.process_group(owner_process), cancel)
 
 
 def run_changed(run_pk: int) -> None:

@@ -19,8 +19,7 @@ from django.db import transaction
 
 from chat.delivery import groups
 from chat.delivery.broadcaster import broadcaster
-
-MESSAGE_TYPE = "gateway.access"  # handled by GatewayConsumer.gateway_access
+from chat.delivery.messages import AccessMessage
 
 # what changed → what it means for a connection
 CLOSE_ALL = ("inactive",)
@@ -43,7 +42,7 @@ class Identity:
     session: str | None = None  # session_digest of the login session, for cookie sockets
 
 
-def verdict(identity: Identity, message: dict[str, Any]) -> str | None:
+def verdict(identity: Identity, message: AccessMessage) -> str | None:
     """'close', 'downgrade' or None for a connection told `message`."""
     change = message.get("change")
     if change in CLOSE_ALL:
@@ -59,9 +58,13 @@ def verdict(identity: Identity, message: dict[str, Any]) -> str | None:
     return None
 
 
-def tell(user_id: int, change: str, **extra: Any) -> None:
+def tell(user_id: int, change: str, *, session: str | None = None, tokens: list[str] | None = None) -> None:
     """Tell every connection of `user_id` about `change`, once the current transaction commits."""
-    message = {"type": MESSAGE_TYPE, "owner": user_id, "change": change, **extra}
+    message: AccessMessage = {"type": "gateway.access", "owner": user_id, "change": change}
+    if change == "logout":
+        message["session"] = session
+    if tokens is not None:
+        message["tokens"] = tokens
     transaction.on_commit(partial(broadcaster.route, groups.user_group(user_id), message), robust=True)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from django.utils import timezone
 
 from chat.delivery import agent_events
+from chat.delivery.messages import SessionMessage
 from chat.protocol import wire
 from chat.protocol.frames import Scope
 
@@ -97,7 +98,7 @@ class ConnectionState:
             return not own and self.subscribed_all and self.is_admin
         return own or (self.subscribed_all and self.is_admin)
 
-    def admit_chat(self, run_pk: int, payload: dict[str, Any]) -> bool:
+    def admit_chat(self, run_pk: int, payload: dict[str, Any], *, written_at: float | None = None) -> bool:
         """Whether this run event is news here: in `seq` order, nothing after a terminal, and
         not an event of a run it never knew that was written before it connected.
 
@@ -108,8 +109,8 @@ class ConnectionState:
         """
         view = self.runs.get(run_pk)
         if view is None:
-            written = payload.get("at")  # layer messages say when they were written (`delivery.chat_message`)
-            if written is not None and written < self.connected_at.timestamp() - STALE_EVENT_SECONDS:
+            # live events say when they were written (`ChatMessage.at`); repair's come from the database
+            if written_at is not None and written_at < self.connected_at.timestamp() - STALE_EVENT_SECONDS:
                 return False
             view = RunView(payload["runId"], payload["sessionKey"], payload["sessionId"])
             self._remember(run_pk, view)
@@ -126,7 +127,7 @@ class ConnectionState:
         row = payload["session"]
         return self._admit_row(session_pk, RowSeen(row["version"], bool(row.get("deleted")), row=row))
 
-    def admit_encoded_row(self, message: dict[str, Any]) -> bool:
+    def admit_encoded_row(self, message: SessionMessage) -> bool:
         """`admit_row` for a layer message whose payload is already encoded (`delivery.session_message`)."""
         seen = RowSeen(message["version"], message["deleted"], row_json=message["row"])
         return self._admit_row(int(message["session"]), seen)

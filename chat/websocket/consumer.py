@@ -19,6 +19,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from chat.delivery import groups
+from chat.delivery.messages import OPERATORS_VIA, AccessMessage, ChatMessage, GatewayMessage, SessionMessage, untyped
 from chat.methods import handlers
 from chat.protocol import frames, wire
 from chat.protocol.frames import ProtocolError, encode, invalid
@@ -61,7 +62,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         self.bucket = TokenBucket()
         self.tasks: set[asyncio.Task[Any]] = set()
         self.busy = False
-        self.deferred: deque[dict[str, Any]] = deque()
+        self.deferred: deque[GatewayMessage] = deque()
         await runtime.ensure_started()
         await self.accept()
         await self.send_event("connect.challenge", {"nonce": secrets.token_hex(16), "ts": wire.now_ms()})
@@ -103,15 +104,15 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             await handler(message)
         finally:
             while self.deferred:
-                await self.dispatch(self.deferred.popleft())
+                await self.dispatch(untyped(self.deferred.popleft()))
             self.busy = False
 
-    async def deliver(self, message: dict[str, Any]) -> None:
+    async def deliver(self, message: GatewayMessage) -> None:
         """An event from the process's channel (`chat.delivery.hub`): now, or after the frame being handled."""
         if self.busy:
             self.deferred.append(message)
         else:
-            await self.dispatch(message)
+            await self.dispatch(untyped(message))
 
     # --- inbound --------------------------------------------------------------------------------
 
@@ -256,7 +257,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
 
     # --- revocation (chat.websocket.access) ---------------------------------------------------------------------
 
-    async def gateway_access(self, message: dict[str, Any]) -> None:
+    async def gateway_access(self, message: AccessMessage) -> None:
         """Something this user's sockets relied on was revoked."""
         if not self.state.authed:
             return
@@ -278,26 +279,26 @@ class GatewayConsumer(AsyncWebsocketConsumer):
 
     # --- outbound: layer events -----------------------------------------------------------------------
 
-    async def gateway_chat(self, message: dict[str, Any]) -> None:
+    async def gateway_chat(self, message: ChatMessage) -> None:
         """A run event from the layer (its payload already encoded: see `delivery.chat_message`)."""
         state = self.state
         run_pk = int(message["run"])
         if (
             state.authed
-            and state.may_see(int(message["owner"]), via_operators=message.get("via") == "operators")
-            and state.admit_chat(run_pk, message)
+            and state.may_see(int(message["owner"]), via_operators=message.get("via") == OPERATORS_VIA)
+            and state.admit_chat(run_pk, message["payload"], written_at=message["at"])
         ):
             await self._send_event_json("chat", message["json"])
             # then its `agent` events (§12), per connection: what this one has had of the reply
             _chat, *followers = state.follow(run_pk, message["payload"], message.get("agent"))
             await self.send_events(followers)
 
-    async def gateway_session(self, message: dict[str, Any]) -> None:
+    async def gateway_session(self, message: SessionMessage) -> None:
         """A sessions.changed from the layer (encoded: see `delivery.session_message`)."""
         state = self.state
         if (
             state.authed
-            and state.may_see(int(message["owner"]), via_operators=message.get("via") == "operators")
+            and state.may_see(int(message["owner"]), via_operators=message.get("via") == OPERATORS_VIA)
             and state.admit_encoded_row(message)
         ):
             await self._send_event_json("sessions.changed", message["json"])

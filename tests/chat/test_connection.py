@@ -116,18 +116,14 @@ def test_repair_of_rows_and_deletions() -> None:
 def test_an_unknown_runs_event_written_well_before_the_connection_is_not_its_news() -> None:
     """A lagging layer hands a new connection old events: taken, it would follow a run that
     ended before it connected, whose terminal no repair sends it."""
-    from chat.delivery.broadcaster import chat_message
-
     s = state()
     opened = s.connected_at.timestamp()
-    stale = {**chat_message(1, 7, chat("old", 1, "status")), "at": opened - 10}
-    assert not s.admit_chat(7, stale) and 7 not in s.runs
-    slack = {**chat_message(1, 8, chat("close", 1, "status")), "at": opened - 1}  # within the clocks' slack
-    assert s.admit_chat(8, slack)
+    assert not s.admit_chat(7, chat("old", 1, "status"), written_at=opened - 10) and 7 not in s.runs
+    assert s.admit_chat(8, chat("close", 1, "status"), written_at=opened - 1)  # within the clocks' slack
     s.track_run(9, terminal=False, run_id="known", session_key="agent:main:main", session_id="g")
-    known = {**chat_message(1, 9, chat("known", 2)), "at": opened - 10}  # acked here: its events are news
-    assert s.admit_chat(9, known)
-    assert s.admit_chat(10, chat_message(1, 10, chat("new", 1, "status")))  # written now
+    assert s.admit_chat(9, chat("known", 2), written_at=opened - 10)  # acked here: its events are news
+    assert s.admit_chat(10, chat("new", 1, "status"), written_at=opened + 1)  # written now
+    assert s.admit_chat(11, chat("repaired", 3, "final"))  # from the database (repair): no written_at
 
 
 @pytest.mark.django_db(transaction=True)
