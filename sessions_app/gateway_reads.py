@@ -8,6 +8,8 @@ the compiled hot-path read and the ORM read of a page).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
 
 from django.db.models import Q, QuerySet
 
@@ -136,3 +138,52 @@ def open_run_counts(owner_id: int | None = None) -> tuple[int, int]:
     active = runs.filter(state__in=ACTIVE_STATES).count()
     queued = runs.filter(state=RunState.QUEUED).count()
     return active, queued
+
+
+# --- repair (§9) and reconcile: what the gateway's background passes read ------------------------
+
+
+def _after(qs: QuerySet[Any], ts: str, cursor: tuple[datetime, int] | None, since: datetime) -> QuerySet[Any]:
+    """Rows past a keyset `cursor` (timestamp, pk), or from `since` on when there is none."""
+    if cursor is not None:
+        at, pk = cursor
+        return qs.filter(Q(**{f"{ts}__gt": at}) | Q(**{ts: at, "pk__gt": pk}))
+    return qs.filter(**{f"{ts}__gte": since})
+
+
+def runs_with_sessions(pks: set[int]) -> list[Run]:
+    """These runs (those that still exist), each with its session."""
+    return list(Run.objects.select_related("session").filter(pk__in=pks))
+
+
+def ended_runs(
+    *, cursor: tuple[datetime, int] | None, since: datetime, owners: set[int] | None, limit: int
+) -> list[Run]:
+    """Runs that ended in a window, oldest first, with their sessions (of these owners, or all)."""
+    qs = _after(Run.objects.select_related("session").exclude(ended_at=None), "ended_at", cursor, since)
+    if owners is not None:
+        qs = qs.filter(session__owner_id__in=owners)
+    return list(qs.order_by("ended_at", "pk")[:limit])
+
+
+def changed_sessions(
+    *, cursor: tuple[datetime, int] | None, since: datetime, owners: set[int] | None, limit: int
+) -> list[ChatSession]:
+    """Sessions whose row changed in a window, oldest change first, ready for `wire.session_rows`."""
+    qs = _after(owner_sessions(None), "updated_at", cursor, since)
+    if owners is not None:
+        qs = qs.filter(owner_id__in=owners)
+    return list(qs.order_by("updated_at", "pk")[:limit])
+
+
+def existing_session_pks(pks: set[int]) -> set[int]:
+    """Which of these sessions still exist."""
+    return set(ChatSession.objects.filter(pk__in=pks).values_list("pk", flat=True))
+
+
+def reconcile_snapshot(server_id: str, local: list[int]) -> tuple[list[int], list[tuple[int, str]]]:
+    """(local runs that are no longer active, active runs of this process without a local task)."""
+    active = set(Run.objects.filter(pk__in=local, state__in=ACTIVE_STATES).values_list("pk", flat=True))
+    ended = [pk for pk in local if pk not in active]
+    mine = Run.objects.filter(owner_process=server_id, state__in=ACTIVE_STATES).exclude(pk__in=local)
+    return ended, list(mine.values_list("pk", "state"))

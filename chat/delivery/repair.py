@@ -21,7 +21,6 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from django.conf import settings
-from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from chat.delivery import agent_events
@@ -29,7 +28,7 @@ from chat.protocol import wire
 from chat.runtime.db import db_read
 from chat.websocket.connection import ConnectionState, Event
 from sessions_app import gateway_reads
-from sessions_app.models import TERMINAL_STATES, ChatSession, Run
+from sessions_app.models import TERMINAL_STATES
 
 log = logging.getLogger(__name__)
 BATCH = 500
@@ -62,11 +61,9 @@ class Position:
     since: datetime
     cursor: tuple[datetime, int] | None = None
 
-    def window(self, qs: QuerySet[Any], ts: str) -> QuerySet[Any]:
-        if self.cursor is not None:
-            at, pk = self.cursor
-            return qs.filter(Q(**{f"{ts}__gt": at}) | Q(**{ts: at, "pk__gt": pk}))
-        return qs.filter(**{f"{ts}__gte": self.since - margin()})
+    def window(self) -> dict[str, Any]:
+        """Where the next read starts: after the cursor, or the margin before `since`."""
+        return {"cursor": self.cursor, "since": self.since - margin()}
 
     def advance(self, batch: list[Any], ts: str, scan_started: datetime) -> None:
         if len(batch) == BATCH:
@@ -104,16 +101,13 @@ def take_snapshot(
     scan_started = timezone.now()
     snap = Snapshot(asked=set(open_runs))
     if open_runs:
-        for run in Run.objects.select_related("session").filter(pk__in=open_runs):
+        for run in gateway_reads.runs_with_sessions(open_runs):
             entry: dict[str, Any] = {"state": run.state}
             if run.state in TERMINAL_STATES:
                 entry["payload"] = wire.chat_payload(run, run.session.key)
                 entry["facts"] = agent_events.run_facts(run)
             snap.runs[run.pk] = entry
-    ended = scanner.runs.window(Run.objects.select_related("session").exclude(ended_at=None), "ended_at")
-    if owners is not None:
-        ended = ended.filter(session__owner_id__in=owners)
-    batch = list(ended.order_by("ended_at", "pk")[:BATCH])
+    batch = gateway_reads.ended_runs(**scanner.runs.window(), owners=owners, limit=BATCH)
     for run in batch:
         assert run.ended_at is not None
         snap.ended[run.pk] = EndedRun(
@@ -121,10 +115,7 @@ def take_snapshot(
         )
     scanner.runs.advance(batch, "ended_at", scan_started)
     if want_rows:
-        changed = scanner.rows.window(gateway_reads.owner_sessions(None), "updated_at")
-        if owners is not None:
-            changed = changed.filter(owner_id__in=owners)
-        page = list(changed.order_by("updated_at", "pk")[:BATCH])
+        page = gateway_reads.changed_sessions(**scanner.rows.window(), owners=owners, limit=BATCH)
         for session, row in zip(page, wire.session_rows(page), strict=True):
             snap.rows[session.pk] = (session.owner_id, row)
         scanner.rows.advance(page, "updated_at", scan_started)
@@ -132,7 +123,7 @@ def take_snapshot(
         scanner.rows = Position(scan_started)  # nobody listens: start from now when someone does
     if known_sessions:
         snap.checked = set(known_sessions)
-        snap.existing = set(ChatSession.objects.filter(pk__in=known_sessions).values_list("pk", flat=True))
+        snap.existing = gateway_reads.existing_session_pks(known_sessions)
     return snap
 
 

@@ -27,9 +27,9 @@ from chat.runtime.db import db_read, db_write
 from chat.runtime.executor import RunExecutor
 from chat.runtime.registry import ConnectionRegistry
 from chat.web import metrics
-from sessions_app import process
+from sessions_app import gateway_reads, process
 from sessions_app.lifecycle import runs
-from sessions_app.models import ACTIVE_STATES, Actor, Run, RunState
+from sessions_app.models import Actor, RunState
 from sessions_app.operations import recovery
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ class Supervisor:
         while not rt.stopping:
             await asyncio.sleep(settings.GATEWAY_REPAIR_SECONDS)
             try:
-                ended, orphans = await db_read(_reconcile_snapshot, rt.server_id, list(executor.tasks))
+                ended, orphans = await db_read(gateway_reads.reconcile_snapshot, rt.server_id, list(executor.tasks))
                 for pk in ended:
                     executor.cancel(pk)
                 for pk, state in orphans:
@@ -177,11 +177,3 @@ class Supervisor:
         for connection in rt.connections:
             with contextlib.suppress(Exception):
                 await connection.close(code=4001)
-
-
-def _reconcile_snapshot(server_id: str, local: list[int]) -> tuple[list[int], list[tuple[int, str]]]:
-    """(local runs that are no longer active, active runs of this process without a local task)."""
-    active = set(Run.objects.filter(pk__in=local, state__in=ACTIVE_STATES).values_list("pk", flat=True))
-    ended = [pk for pk in local if pk not in active]
-    mine = Run.objects.filter(owner_process=server_id, state__in=ACTIVE_STATES).exclude(pk__in=local)
-    return ended, list(mine.values_list("pk", "state"))
