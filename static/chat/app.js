@@ -3,6 +3,7 @@
 
 import { GatewayClient } from "./client.js";
 import { renderMarkdown } from "./markdown.js";
+import { coalesce, updateKeyed } from "./util.js";
 import {
   activity,
   canonicalKey,
@@ -87,7 +88,7 @@ function loadStored(name, fallback) {
   }
 }
 
-const written = { drafts: null, outbox: null };
+const written = { drafts: null, outbox: null }; // the text last written, per name: unchanged ones are not written again
 
 function saveStored(name, value) {
   const text = JSON.stringify(value);
@@ -101,20 +102,36 @@ function saveStored(name, value) {
   }
 }
 
+// The reducer's state (state.js): changed only by `dispatch`, read everywhere.
 let state = initialState({ currentKey: keyFromHash(), drafts: loadStored("drafts", {}) });
+
+// Everything else this page keeps between events: view state that is not the reducer's.
+const page = {
+  stickToBottom: true, // the next render scrolls the conversation to its end (a send, another session, first load)
+  stopping: false, // the Stop button's chat.abort requests are in flight: it is disabled meanwhile
+  renderPending: false, // a render is scheduled (one microtask for a batch of dispatches)
+  searchTimer: null, // the sidebar search's debounce timer
+  rowEls: new Map(), // session key -> its sidebar row (<li>)
+  msgEls: new Map(), // conversation item id -> its message row, for the session `renderedKey`
+  renderedKey: null, // the session whose messages are in the DOM
+  renderedAgents: null, // the `state.agents` the agent picker was last built from
+};
 
 // --- store ---------------------------------------------------------------------------------------
 
+// Every state change goes through here: the reducer, its effects, storage, then a render.
 function dispatch(action) {
   state = reduce(state, action);
   const effects = state.effects;
   for (const eff of effects) runEffect(eff);
+  persist(state);
   scheduleRender();
 }
 
-function persist() {
-  saveStored("drafts", storedDrafts(state));
-  saveStored("outbox", storedOutbox(state)); // an item leaves once its ack arrived
+/** What survives a reload: drafts and unsent messages (only written when they changed). */
+function persist(s) {
+  saveStored("drafts", storedDrafts(s));
+  saveStored("outbox", storedOutbox(s)); // an item leaves once its ack arrived
 }
 
 function runEffect(eff) {
@@ -172,32 +189,22 @@ const client = new GatewayClient({
   },
 });
 
-const historyInFlight = new Map(); // key -> {again}
-let listInFlight = null;
-
-function requestHistory(key) {
-  if (!client.ready || !key) return;
-  const running = historyInFlight.get(key);
-  if (running) {
-    running.again = true;
-    return;
-  }
-  const marker = { again: false };
-  historyInFlight.set(key, marker);
-  dispatch({ type: "history/request", key });
-  const token = state.tick;
-  client
-    .request("chat.history", { sessionKey: key, limit: PAGE_SIZE })
-    .then((res) => {
-      if (res.ok) dispatch({ type: "history/loaded", key, token, payload: res.payload });
-      else dispatch({ type: "history/failed", key, error: res.error });
-    })
-    .catch((error) => dispatch({ type: "history/failed", key, error }))
-    .finally(() => {
-      historyInFlight.delete(key);
-      if (marker.again) requestHistory(key);
-    });
-}
+// One chat.history per session at a time; a reload asked for meanwhile runs once after it.
+const requestHistory = coalesce(
+  (key) => {
+    if (!client.ready || !key) return null;
+    dispatch({ type: "history/request", key });
+    const token = state.tick;
+    return client
+      .request("chat.history", { sessionKey: key, limit: PAGE_SIZE })
+      .then((res) => {
+        if (res.ok) dispatch({ type: "history/loaded", key, token, payload: res.payload });
+        else dispatch({ type: "history/failed", key, error: res.error });
+      })
+      .catch((error) => dispatch({ type: "history/failed", key, error }));
+  },
+  { keyOf: (key) => key },
+);
 
 function requestOlder(key) {
   const conv = state.convs[key];
@@ -212,50 +219,38 @@ function requestOlder(key) {
     .catch((error) => dispatch({ type: "history/failed", key, error }));
 }
 
-function requestList() {
-  if (!client.ready) return;
-  if (listInFlight) {
-    listInFlight.again = true;
-    return;
-  }
-  const marker = { again: false };
-  listInFlight = marker;
+// The sidebar's first page: one sessions.list at a time; a reload asked for meanwhile runs once after it.
+const requestList = coalesce(() => {
+  if (!client.ready) return null;
   const token = state.tick;
   const search = state.search;
   const params = { limit: LIST_LIMIT };
   if (search) params.search = search;
-  client
+  return client
     .request("sessions.list", params)
     .then((res) => {
       if (res.ok) dispatch({ type: "list/loaded", token, search, offset: 0, payload: res.payload });
     })
-    .catch(() => {})
-    .finally(() => {
-      listInFlight = null;
-      if (marker.again) requestList();
-    });
-}
+    .catch(() => {});
+});
 
-let moreInFlight = false;
-
-/** The next page of the sidebar (sessions.list `offset`), when there is one. */
-function requestMoreSessions() {
-  const next = state.listNext;
-  if (!client.ready || moreInFlight || !next || next.search !== state.search) return;
-  moreInFlight = true;
-  const token = state.tick;
-  const params = { limit: LIST_LIMIT, offset: next.offset };
-  if (next.search) params.search = next.search;
-  client
-    .request("sessions.list", params)
-    .then((res) => {
-      if (res.ok) dispatch({ type: "list/loaded", token, search: next.search, offset: next.offset, payload: res.payload });
-    })
-    .catch(() => {})
-    .finally(() => {
-      moreInFlight = false;
-    });
-}
+/** The next page of the sidebar (sessions.list `offset`), when there is one; asked again while one loads: ignored. */
+const requestMoreSessions = coalesce(
+  () => {
+    const next = state.listNext;
+    if (!client.ready || !next || next.search !== state.search) return null;
+    const token = state.tick;
+    const params = { limit: LIST_LIMIT, offset: next.offset };
+    if (next.search) params.search = next.search;
+    return client
+      .request("sessions.list", params)
+      .then((res) => {
+        if (res.ok) dispatch({ type: "list/loaded", token, search: next.search, offset: next.offset, payload: res.payload });
+      })
+      .catch(() => {});
+  },
+  { again: false },
+);
 
 function requestAgents() {
   client
@@ -290,8 +285,6 @@ function newRunId() {
   return `web-${Date.now().toString(36)}-${hex}`;
 }
 
-let stickToBottom = true;
-
 function sendComposer() {
   const text = els.composer.value;
   if (!text.trim()) return;
@@ -300,7 +293,7 @@ function sendComposer() {
     dispatch({ type: "notice", text: `Messages are limited to ${max} characters.` });
     return;
   }
-  stickToBottom = true;
+  page.stickToBottom = true;
   dispatch({ type: "send/request", key: state.currentKey, runId: newRunId(), text });
   els.composer.focus();
 }
@@ -312,7 +305,7 @@ function retryLast() {
   if (!target || !target.enabled) return;
   // A refused send put its text back in the composer: the retry takes it from there.
   const keepDraft = els.composer.value !== target.text;
-  stickToBottom = true;
+  page.stickToBottom = true;
   dispatch({ type: "send/request", key, runId: newRunId(), text: target.text, keepDraft });
 }
 
@@ -357,25 +350,21 @@ async function copyText(text, button) {
   }, 1500);
 }
 
-let stopping = false;
-
 async function stopRuns() {
   const key = state.currentKey;
   const ids = activity(state, key).activeRunIds;
-  stopping = true;
+  page.stopping = true;
   scheduleRender();
   try {
     const calls = ids.length
       ? ids.map((runId) => client.request("chat.abort", { sessionKey: key, runId }))
       : [client.request("chat.abort", { sessionKey: key })];
     const results = await Promise.all(calls);
-    const failed = results.find((r) => !r.ok);
-    if (failed) dispatch({ type: "notice", text: failureText("Stop", failed.error) });
-    else if (results.every((r) => !r.payload.aborted)) requestHistory(key); // it had ended already: resync
+    dispatch({ type: "stop/answered", key, results }); // a refusal: a notice; nothing stopped: a resync
   } catch (error) {
     reportFailure("Stop", error);
   } finally {
-    stopping = false;
+    page.stopping = false;
     scheduleRender();
   }
 }
@@ -420,7 +409,7 @@ function guarded(what, action) {
 function selectSession(key) {
   closeSidebar();
   if (key === state.currentKey) return;
-  stickToBottom = true;
+  page.stickToBottom = true;
   dispatch({ type: "session/select", key });
 }
 
@@ -553,13 +542,11 @@ function closeSidebar() {
 
 // --- rendering --------------------------------------------------------------------------------------------------
 
-let renderPending = false;
-
 function scheduleRender() {
-  if (renderPending) return;
-  renderPending = true;
+  if (page.renderPending) return;
+  page.renderPending = true;
   Promise.resolve().then(() => {
-    renderPending = false;
+    page.renderPending = false;
     render();
   });
 }
@@ -584,7 +571,6 @@ function formatTime(ms) {
 }
 
 function render() {
-  persist();
   renderConnection();
   renderAgents();
   renderSessions();
@@ -610,12 +596,10 @@ function agentOf(agentId) {
   return list.find((a) => a.id === agentId) || null;
 }
 
-let renderedAgents = null;
-
 function renderAgents() {
   const agents = state.agents;
-  if (!agents || agents === renderedAgents) return;
-  renderedAgents = agents;
+  if (!agents || agents === page.renderedAgents) return;
+  page.renderedAgents = agents;
   const previous = els.agentPicker.value;
   els.agentPicker.replaceChildren(
     ...agents.list.map((a) => {
@@ -630,53 +614,41 @@ function renderAgents() {
   els.agentChoice.hidden = agents.list.length < 2;
 }
 
-const rowEls = new Map();
+function sessionElement(item) {
+  const li = document.createElement("li");
+  li.className = "session-row";
+  li.dataset.testid = "session-row";
+  li.dataset.key = item.key;
+  const btn = document.createElement("button");
+  btn.type = "button";
+  btn.className = "session-row-btn";
+  btn.innerHTML = '<span class="row-label"></span><span class="row-status"></span><span class="row-detail"></span>';
+  btn.addEventListener("click", () => selectSession(item.key));
+  li.append(btn);
+  return li;
+}
+
+function updateSessionElement(li, item) {
+  const detail = item.error && (item.status === "failed" || item.status === "timeout")
+    ? item.error
+    : [item.status === "running" ? "replying…" : "", item.queued ? `${item.queued} queued` : "", item.updatedAt ? formatTime(item.updatedAt) : "new session"]
+        .filter(Boolean)
+        .join(" · ");
+  setAttr(li, "data-status", item.status);
+  setAttr(li, "data-current", String(item.current));
+  setAttr(li, "data-queued", String(item.queued));
+  setAttr(li, "title", item.error ? `${item.label}: ${item.error}` : item.key);
+  const btn = li.firstChild;
+  if (item.current) btn.setAttribute("aria-current", "true");
+  else btn.removeAttribute("aria-current");
+  setText(btn.children[0], item.label);
+  setText(btn.children[1], STATUS_TEXT[item.status] || item.status);
+  setText(btn.children[2], detail);
+}
 
 function renderSessions() {
   const items = sessionList(state);
-  const seen = new Set();
-  let prev = null;
-  for (const item of items) {
-    let li = rowEls.get(item.key);
-    if (!li) {
-      li = document.createElement("li");
-      li.className = "session-row";
-      li.dataset.testid = "session-row";
-      li.dataset.key = item.key;
-      const btn = document.createElement("button");
-      btn.type = "button";
-      btn.className = "session-row-btn";
-      btn.innerHTML = '<span class="row-label"></span><span class="row-status"></span><span class="row-detail"></span>';
-      btn.addEventListener("click", () => selectSession(item.key));
-      li.append(btn);
-      rowEls.set(item.key, li);
-    }
-    const detail = item.error && (item.status === "failed" || item.status === "timeout")
-      ? item.error
-      : [item.status === "running" ? "replying…" : "", item.queued ? `${item.queued} queued` : "", item.updatedAt ? formatTime(item.updatedAt) : "new session"]
-          .filter(Boolean)
-          .join(" · ");
-    setAttr(li, "data-status", item.status);
-    setAttr(li, "data-current", String(item.current));
-    setAttr(li, "data-queued", String(item.queued));
-    setAttr(li, "title", item.error ? `${item.label}: ${item.error}` : item.key);
-    const btn = li.firstChild;
-    if (item.current) btn.setAttribute("aria-current", "true");
-    else btn.removeAttribute("aria-current");
-    setText(btn.children[0], item.label);
-    setText(btn.children[1], STATUS_TEXT[item.status] || item.status);
-    setText(btn.children[2], detail);
-    const expected = prev ? prev.nextSibling : els.sessionList.firstChild;
-    if (li !== expected) els.sessionList.insertBefore(li, expected);
-    prev = li;
-    seen.add(item.key);
-  }
-  for (const [key, li] of rowEls) {
-    if (!seen.has(key)) {
-      li.remove();
-      rowEls.delete(key);
-    }
-  }
+  updateKeyed(els.sessionList, page.rowEls, items, (item) => item.key, sessionElement, updateSessionElement);
   els.sessionEmpty.hidden = items.length > 0;
   els.loadMoreSessions.hidden = !(state.listNext && state.listNext.search === state.search);
 }
@@ -703,9 +675,6 @@ function renderHeader() {
   els.rename.disabled = !row;
   els.reset.disabled = !row;
 }
-
-const msgEls = new Map();
-let renderedKey = null;
 
 function metaFor(item) {
   switch (item.state) {
@@ -770,11 +739,11 @@ function messageElement(item) {
 function renderMessages() {
   const box = els.messages;
   const key = state.currentKey;
-  if (renderedKey !== key) {
-    for (const el of msgEls.values()) el.remove();
-    msgEls.clear();
-    renderedKey = key;
-    stickToBottom = true;
+  if (page.renderedKey !== key) {
+    for (const el of page.msgEls.values()) el.remove();
+    page.msgEls.clear();
+    page.renderedKey = key;
+    page.stickToBottom = true;
   }
   const items = conversation(state, key);
   const retry = retryTarget(state, key, items);
@@ -783,14 +752,7 @@ function renderMessages() {
   const nearBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 80;
   const heightBefore = box.scrollHeight;
   const firstBefore = els.messageList.firstChild;
-  const seen = new Set();
-  let prev = null;
-  for (const item of items) {
-    let row = msgEls.get(item.id);
-    if (!row) {
-      row = messageElement(item);
-      msgEls.set(item.id, row);
-    }
+  updateKeyed(els.messageList, page.msgEls, items, (item) => item.id, messageElement, (row, item) => {
     const el = row.firstChild;
     const foot = row.lastChild;
     row.dataset.itemId = item.id;
@@ -844,33 +806,23 @@ function renderMessages() {
     retryBtn.disabled = !(retry && retry.enabled);
     setAttr(retryBtn, "aria-label", "Run the last message again");
     foot.hidden = [...foot.children].every((child) => child.hidden);
-    const expected = prev ? prev.nextSibling : els.messageList.firstChild;
-    if (row !== expected) els.messageList.insertBefore(row, expected);
-    prev = row;
-    seen.add(item.id);
-  }
-  for (const [id, el] of msgEls) {
-    if (!seen.has(id)) {
-      el.remove();
-      msgEls.delete(id);
-    }
-  }
+  });
   els.loadOlder.hidden = !(conv && conv.hasMore);
   els.loadOlder.disabled = Boolean(conv && conv.loadingOlder);
   els.emptyHint.hidden = items.length > 0 || !(conv && conv.loaded);
   const prepended = firstBefore && els.messageList.firstChild !== firstBefore && firstBefore.isConnected;
-  if (prepended && !stickToBottom) {
+  if (prepended && !page.stickToBottom) {
     box.scrollTop += box.scrollHeight - heightBefore; // keep the reader's place after older messages load
-  } else if (nearBottom || stickToBottom) {
+  } else if (nearBottom || page.stickToBottom) {
     box.scrollTop = box.scrollHeight;
   }
-  if (conv && conv.loaded && items.length) stickToBottom = false;
+  if (conv && conv.loaded && items.length) page.stickToBottom = false;
 }
 
 function renderComposer() {
   const act = activity(state, state.currentKey);
   els.stop.hidden = !act.active;
-  els.stop.disabled = stopping;
+  els.stop.disabled = page.stopping;
   els.send.disabled = !els.composer.value.trim();
   let text = "";
   let kind = "";
@@ -955,10 +907,9 @@ els.messageList.addEventListener("click", (ev) => {
     editLast();
   }
 });
-let searchTimer = null;
 els.search.addEventListener("input", () => {
-  clearTimeout(searchTimer);
-  searchTimer = setTimeout(() => {
+  clearTimeout(page.searchTimer);
+  page.searchTimer = setTimeout(() => {
     if (els.search.value.trim() !== state.search) dispatch({ type: "search/set", text: els.search.value });
   }, SEARCH_DEBOUNCE_MS);
 });

@@ -763,6 +763,15 @@ export function reduce(state, action) {
     case "notice":
       s.notice = action.text ? { text: action.text, tick: s.tick } : null;
       return s;
+    case "stop/answered": {
+      // The chat.abort answers for `key`: a refusal is shown; when none stopped anything, the
+      // run had ended already (its terminal may be missing here), so the conversation is reloaded.
+      const results = action.results || [];
+      const failed = results.find((r) => !r.ok);
+      if (failed) s.notice = { text: failureText("Stop", failed.error), tick: s.tick };
+      else if (results.every((r) => !(r.payload && r.payload.aborted))) effect(s, { type: "history", key: action.key });
+      return s;
+    }
     default:
       return s;
   }

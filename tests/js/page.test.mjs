@@ -278,3 +278,29 @@ describe("failure notices say what failed", () => {
     assert.equal(failureText("Rename", undefined), "Rename failed: no reason given");
   });
 });
+
+describe("stop answers (chat.abort)", () => {
+  const answer = (ok, payload, error) => ({ type: "res", id: "x", ok, payload, error });
+
+  test("nothing stopped: the run had ended already, so the conversation is reloaded", () => {
+    const s = reduce(online(), { type: "stop/answered", key: KEY, results: [answer(true, { aborted: false }), answer(true, { aborted: false })] });
+    assert.deepEqual(s.effects, [{ type: "history", key: KEY }]);
+    assert.equal(s.notice, null);
+  });
+
+  test("a run stopped: no reload (its events say the rest)", () => {
+    const s = reduce(online(), { type: "stop/answered", key: KEY, results: [answer(true, { aborted: false }), answer(true, { aborted: true })] });
+    assert.deepEqual(s.effects, []);
+    assert.equal(s.notice, null);
+  });
+
+  test("a refusal becomes a notice saying what failed, and nothing is reloaded", () => {
+    const s = reduce(online(), {
+      type: "stop/answered",
+      key: KEY,
+      results: [answer(true, { aborted: false }), answer(false, undefined, { code: "FORBIDDEN", message: "not yours" })],
+    });
+    assert.deepEqual(s.effects, []);
+    assert.equal(s.notice.text, failureText("Stop", { code: "FORBIDDEN", message: "not yours" }));
+  });
+});
