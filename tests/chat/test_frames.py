@@ -6,6 +6,7 @@ import pytest
 
 from chat.protocol import frames
 from chat.protocol.frames import ProtocolError
+from tests.support.db import send_params
 
 
 @pytest.mark.parametrize(
@@ -60,9 +61,8 @@ def test_unknown_agent_is_not_found() -> None:
 
 
 def _send(**over: object) -> dict:
-    params: dict = {"sessionKey": "main", "message": "hi", "idempotencyKey": "k"}
-    params.update(over)
-    return params
+    """A valid chat.send's params with some fields replaced (or set to bad values)."""
+    return {**send_params("main", "hi", "k"), **over}
 
 
 @pytest.mark.parametrize(

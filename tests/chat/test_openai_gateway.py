@@ -12,6 +12,7 @@ from channels.db import database_sync_to_async
 
 from sessions_app.models import Run
 from tests.support.communicator import Client
+from tests.support.db import send_params
 from tests.support.fake_openai import FakeOpenAI, Reply, agent_config, closed_port_url, running_fake
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -53,7 +54,7 @@ async def cancel_ms_of(run_id: str, timeout: float = 2.0) -> int | None:
 
 
 async def send(client: Client, key: str, message: str, **params: Any) -> dict[str, Any]:
-    return await client.ok("chat.send", {"sessionKey": KEY, "message": message, "idempotencyKey": key, **params})
+    return await client.ok("chat.send", send_params(KEY, message, key, **params))
 
 
 async def first_delta(client: Client, run_id: str) -> dict[str, Any]:

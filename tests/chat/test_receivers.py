@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import threading
 from collections.abc import Iterator
@@ -17,8 +16,8 @@ from django.db import connection, transaction
 from chat.delivery import broadcaster, receivers
 from chat.runtime.db import Writer
 from sessions_app.lifecycle import runs, sessions
-from sessions_app.lifecycle.runs import SendRequest
 from sessions_app.models import ChatSession
+from tests.support.db import admit_send
 
 pytestmark = pytest.mark.django_db
 
@@ -30,23 +29,10 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     return messages
 
 
-def send(owner: Any, run_id: str) -> runs.SendOutcome:
-    request = SendRequest(
-        owner_id=owner.pk,
-        key="agent:main:main",
-        agent_id="main",
-        run_id=run_id,
-        message="hi",
-        body_hash=hashlib.sha256(b"hi").hexdigest(),
-        timeout_ms=60_000,
-    )
-    return runs.admit_send(request, owner_process="")
-
-
 def test_rolled_back_changes_send_nothing(sent: list[dict[str, Any]], django_capture_on_commit_callbacks: Any) -> None:
     owner = get_user_model().objects.create_user(username="o")
     with django_capture_on_commit_callbacks(execute=True), pytest.raises(RuntimeError), transaction.atomic():
-        send(owner, "r1")
+        admit_send(owner, "r1")
         raise RuntimeError("rolled back")
     assert sent == []
 
@@ -55,8 +41,8 @@ def test_rolled_back_changes_send_nothing(sent: list[dict[str, Any]], django_cap
 def test_two_changes_in_one_transaction_both_carry_the_committed_row(sent: list[dict[str, Any]]) -> None:
     """A run ends and the next starts in one commit: one event per change, each with the row as committed."""
     owner = get_user_model().objects.create_user(username="o")
-    first = send(owner, "r1").run
-    send(owner, "r2")
+    first = admit_send(owner, "r1").run
+    admit_send(owner, "r2")
     assert first is not None and runs.mark_running(first.pk)
     sent.clear()
     runs.finish_run(first.pk, "done", owner_process="", reply="ok")
@@ -75,7 +61,7 @@ def test_a_session_created_by_its_first_send_is_announced_as_committed(
 ) -> None:
     owner = get_user_model().objects.create_user(username="o")
     with django_capture_on_commit_callbacks(execute=True):
-        send(owner, "r1")
+        admit_send(owner, "r1")
     rows = [(m["reason"], json.loads(m["row"])["activeRunIds"]) for m in sent if m["type"] == "gateway.session"]
     assert rows == [("create", ["r1"]), ("send", ["r1"])]
 
@@ -83,12 +69,12 @@ def test_a_session_created_by_its_first_send_is_announced_as_committed(
 @pytest.mark.django_db(transaction=True)
 def test_changes_after_a_rollback_are_still_announced(sent: list[dict[str, Any]]) -> None:
     owner = get_user_model().objects.create_user(username="o")
-    first = send(owner, "r1")
+    first = admit_send(owner, "r1")
     with pytest.raises(RuntimeError), transaction.atomic():
-        send(owner, "r2")  # queued: the row changed
+        admit_send(owner, "r2")  # queued: the row changed
         raise RuntimeError("rolled back")
     sent.clear()
-    send(owner, "r3")
+    admit_send(owner, "r3")
     assert first.run is not None
     rows = [json.loads(m["row"])["queuedRunIds"] for m in sent if m["type"] == "gateway.session"]
     assert rows == [["r3"]]

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
 from datetime import timedelta
-from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -12,33 +10,20 @@ from django.utils import timezone
 
 from chat.delivery.repair import Position, Scanner, take_snapshot
 from sessions_app.lifecycle import runs, sessions
-from sessions_app.lifecycle.runs import SendRequest
+from tests.support.db import admit_send
 
 pytestmark = pytest.mark.django_db
-
-
-def send(owner: Any, run_id: str, key: str = "agent:main:main") -> Any:
-    request = SendRequest(
-        owner_id=owner.pk,
-        key=key,
-        agent_id="main",
-        run_id=run_id,
-        message="hi",
-        body_hash=hashlib.sha256(b"hi").hexdigest(),
-        timeout_ms=60_000,
-    )
-    return runs.admit_send(request, owner_process="")
 
 
 def test_snapshot_of_open_ended_and_deleted() -> None:
     owner = get_user_model().objects.create_user(username="o")
     past = timezone.now() - timedelta(minutes=1)
     scanner = Scanner(Position(past), Position(past))
-    live = send(owner, "live").run
-    done = send(owner, "done", key="agent:main:other").run
+    live = admit_send(owner, "live").run
+    done = admit_send(owner, "done", key="agent:main:other").run
     runs.mark_running(done.pk)
     runs.finish_run(done.pk, "done", owner_process="", reply="x")
-    gone = send(owner, "gone", key="agent:main:gone")
+    gone = admit_send(owner, "gone", key="agent:main:gone")
     sessions.delete_session(owner_id=owner.pk, key="agent:main:gone")
     snap = take_snapshot(scanner, {live.pk, done.pk, gone.run.pk}, {owner.pk}, True, {gone.session.pk})
     assert snap.runs[live.pk] == {"state": "dispatching"}

@@ -25,7 +25,7 @@ CORE_SUITES = [
     "tests/chat/test_handshake.py",
     "tests/chat/test_chat_send.py",
     "tests/chat/test_lifecycle_rules.py",
-    "tests/chat/test_delivery.py",
+    "tests/chat/test_repair_lossy_layer.py",
     "tests/chat/test_fuzz_frames.py",
 ]
 

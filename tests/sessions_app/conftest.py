@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +11,7 @@ from django.contrib.auth import get_user_model
 
 from chat.delivery import broadcaster
 from sessions_app.lifecycle.runs import SendRequest
+from tests.support.db import send_request
 
 
 @pytest.fixture
@@ -22,16 +22,7 @@ def owner(db: None) -> Any:
 @pytest.fixture
 def request_for(owner: Any) -> Callable[..., SendRequest]:
     def make(run_id: str, message: str = "hello", *, key: str = "agent:main:main", **extra: Any) -> SendRequest:
-        return SendRequest(
-            owner_id=owner.pk,
-            key=key,
-            agent_id="main",
-            run_id=run_id,
-            message=message,
-            body_hash=hashlib.sha256(message.encode()).hexdigest(),
-            timeout_ms=60_000,
-            **extra,
-        )
+        return send_request(owner.pk, run_id, message, key=key, **extra)
 
     return make
 

@@ -1,11 +1,14 @@
-"""DB inspection helpers for async tests."""
+"""DB helpers for tests: what a chat.send carries, admitting one directly, and inspecting rows."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from channels.db import database_sync_to_async
 
+from sessions_app.lifecycle import runs
+from sessions_app.lifecycle.runs import SendRequest
 from sessions_app.models import ChatSession, LifecycleEvent, Message, Run
 
 
@@ -41,7 +44,35 @@ def terminal_audit_count(run_id: str) -> int:
 
 
 def send_params(key: str, message: str, run_id: str, **extra: Any) -> dict[str, Any]:
+    """The params of a `chat.send` frame, as a client sends them over the socket."""
     return {"sessionKey": key, "message": message, "idempotencyKey": run_id, **extra}
+
+
+def send_request(
+    owner_id: int,
+    run_id: str,
+    message: str = "hi",
+    *,
+    key: str = "agent:main:main",
+    timeout_ms: int = 60_000,
+    **extra: Any,
+) -> SendRequest:
+    """The same `chat.send`, as the lifecycle service receives it (no socket)."""
+    return SendRequest(
+        owner_id=owner_id,
+        key=key,
+        agent_id="main",
+        run_id=run_id,
+        message=message,
+        body_hash=hashlib.sha256(message.encode()).hexdigest(),
+        timeout_ms=timeout_ms,
+        **extra,
+    )
+
+
+def admit_send(owner: Any, run_id: str, message: str = "hi", **request: Any) -> runs.SendOutcome:
+    """Admit a `chat.send` straight through the lifecycle service (synchronous, no socket)."""
+    return runs.admit_send(send_request(owner.pk, run_id, message, **request), owner_process="")
 
 
 def terminal_events(events: list[dict[str, Any]], run_id: str) -> list[dict[str, Any]]:

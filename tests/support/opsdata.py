@@ -7,7 +7,6 @@ recovery, the stuck filter and gateway_doctor must find; only tests do that.
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -16,8 +15,8 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from sessions_app.lifecycle import runs
-from sessions_app.lifecycle.runs import SendRequest
 from sessions_app.models import ChatSession, GatewayProcess, Run, RunState
+from tests.support.db import admit_send
 
 LIVE_PROCESS = "live-test-process"
 
@@ -30,17 +29,8 @@ def user(username: str = "owner", **extra: Any) -> Any:
 
 def send(owner: Any, key: str, run_id: str, message: str = "hello") -> Run:
     """Admit a chat.send through the lifecycle; the first run of an idle session becomes active."""
-    outcome = runs.admit_send(
-        SendRequest(
-            owner_id=owner.pk,
-            key=key if key.startswith("agent:") else f"agent:main:{key}",
-            agent_id="main",
-            run_id=run_id,
-            message=message,
-            body_hash=hashlib.sha256(message.encode()).hexdigest(),
-            timeout_ms=600_000,
-        ),
-        owner_process="",
+    outcome = admit_send(
+        owner, run_id, message, key=key if key.startswith("agent:") else f"agent:main:{key}", timeout_ms=600_000
     )
     assert outcome.run is not None, outcome.admission
     return outcome.run
