@@ -34,11 +34,7 @@ def test_the_layer_is_written_against_the_pinned_library() -> None:
 
 @pytest.fixture
 async def layer() -> Any:
-    if not services.redis_available():
-        reason = f"needs Redis at {services.REDIS_URL} (not reachable)"
-        if services.REQUIRED:
-            pytest.fail(reason + "; AGENTGATE_REQUIRE_SERVICES=1")
-        pytest.skip(reason)
+    services.require_redis()
     made = GatewayRedisChannelLayer(
         hosts=[{"address": services.REDIS_URL}],
         prefix=f"t{uuid.uuid4().hex[:8]}",

@@ -57,14 +57,6 @@ def redis_env(tmp_path: Path, redis_url: str) -> dict[str, str]:
     return prepare_database(tmp_path, REDIS_URL=redis_url, REDIS_LAYER_PREFIX=f"agt{uuid.uuid4().hex[:8]}")
 
 
-def require_redis() -> None:
-    if not services.redis_available():
-        reason = f"needs Redis at {services.REDIS_URL} (not reachable)"
-        if services.REQUIRED:
-            pytest.fail(reason + "; AGENTGATE_REQUIRE_SERVICES=1")
-        pytest.skip(reason)
-
-
 def test_ready_on_the_in_memory_layer(tmp_path: Path) -> None:
     server = start_server(env=prepare_database(tmp_path))
     try:
@@ -77,7 +69,7 @@ def test_ready_on_the_in_memory_layer(tmp_path: Path) -> None:
 
 @pytest.mark.redis
 async def test_ready_on_redis_from_a_fresh_start_and_after_kill_9(tmp_path: Path) -> None:
-    require_redis()
+    services.require_redis()
     env = redis_env(tmp_path, services.REDIS_URL)
     token = create_token(env, "ready")
     server = start_server(env=env)

@@ -38,14 +38,6 @@ IDLE_CONNECTIONS = 300
 IDLE_SECONDS = 65.0
 
 
-def require_redis() -> None:
-    if not services.redis_available():
-        reason = f"needs Redis at {services.REDIS_URL} (not reachable)"
-        if services.REQUIRED:
-            pytest.fail(reason + "; AGENTGATE_REQUIRE_SERVICES=1")
-        pytest.skip(reason)
-
-
 def layer_env(tmp_path: Path, redis_url: str, **extra: str) -> dict[str, str]:
     return prepare_database(tmp_path, REDIS_URL=redis_url, REDIS_LAYER_PREFIX=f"agt{uuid.uuid4().hex[:8]}", **extra)
 
@@ -76,7 +68,7 @@ async def hold(
 
 
 async def test_hundreds_of_idle_connections_stay_open_for_over_a_minute(tmp_path):
-    require_redis()
+    services.require_redis()
     # one user's hundreds of background tabs: above the default per-user cap on purpose
     env = layer_env(tmp_path, services.REDIS_URL, GATEWAY_MAX_CONNECTIONS_PER_USER=str(IDLE_CONNECTIONS + 10))
     token = create_token(env, "idler")

@@ -56,6 +56,15 @@ def redis_available() -> bool:
         return False
 
 
+def require_redis() -> None:
+    """Skip (or, in CI, fail) unless Redis answers."""
+    if not redis_available():
+        reason = f"needs Redis at {REDIS_URL} (not reachable)"
+        if REQUIRED:
+            pytest.fail(reason + "; AGENTGATE_REQUIRE_SERVICES=1")
+        pytest.skip(reason)
+
+
 def require_services() -> None:
     """Skip (or, in CI, fail) unless both PostgreSQL and Redis answer."""
     missing = []
