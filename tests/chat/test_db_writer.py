@@ -6,8 +6,6 @@ batch, so that they run together in one transaction, as under load.
 
 from __future__ import annotations
 
-import contextlib
-import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from functools import partial
@@ -21,10 +19,9 @@ from chat.delivery import broadcaster
 from chat.runtime.db import BatchRolledBack, WritePanicked, Writer
 from sessions_app.lifecycle import sessions
 from sessions_app.models import ChatSession
+from tests.support.writer import WAIT, held
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the writer's own thread commits for real
-
-WAIT = 10.0  # seconds; a caller left unanswered fails the test instead of hanging it
 
 
 class Panic(BaseException):
@@ -48,24 +45,6 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = []
     monkeypatch.setattr(broadcaster.broadcaster, "send", lambda owner_id, message: messages.append(message))
     return messages
-
-
-@contextlib.contextmanager
-def held(writer: Writer) -> Iterator[None]:
-    """Keep the writer busy: what is submitted meanwhile queues up, then runs as one batch."""
-    started, release = threading.Event(), threading.Event()
-
-    def hold() -> bool:
-        started.set()
-        return release.wait(WAIT)
-
-    holding = writer.submit(hold, urgent=True)
-    assert started.wait(WAIT)
-    try:
-        yield
-    finally:
-        release.set()
-    assert holding.result(WAIT)
 
 
 def in_batch() -> bool:

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import threading
-from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
@@ -18,6 +15,7 @@ from chat.runtime.db import Writer
 from sessions_app.lifecycle import runs, sessions
 from sessions_app.models import ChatSession
 from tests.support.db import admit_send
+from tests.support.writer import WAIT, held
 
 pytestmark = pytest.mark.django_db
 
@@ -82,8 +80,6 @@ def test_changes_after_a_rollback_are_still_announced(sent: list[dict[str, Any]]
 
 # --- changes undone with their savepoint (the writer's batches) ---------------------------------
 
-WAIT = 10.0  # seconds
-
 
 def row_events(sent: list[dict[str, Any]]) -> list[tuple[str, str, int, bool]]:
     """(reason, label, version, deleted) of each row event sent."""
@@ -108,24 +104,6 @@ def rename_then_fail(session: ChatSession, label: str) -> None:
 
 def close_connection() -> None:
     connection.close()  # looked up when called: the writer thread's own connection
-
-
-@contextlib.contextmanager
-def held(writer: Writer) -> Iterator[None]:
-    """Keep the writer busy: what is submitted meanwhile runs as one batch."""
-    started, release = threading.Event(), threading.Event()
-
-    def hold() -> bool:
-        started.set()
-        return release.wait(WAIT)
-
-    holding = writer.submit(hold, urgent=True)
-    assert started.wait(WAIT)
-    try:
-        yield
-    finally:
-        release.set()
-    assert holding.result(WAIT)
 
 
 @pytest.mark.django_db(transaction=True)
