@@ -185,3 +185,23 @@ def test_the_circle_rule_catches_a_type_only_loop(tmp_path: Path) -> None:
     assert _import_circles(tmp_path, ("pkg", "other")) == [["pkg.a", "pkg.b", "pkg.c"], ["other.x", "other.y"]]
     (tmp_path / "pkg/c.py").write_text("")
     assert _import_circles(tmp_path, ("pkg",)) == []
+
+
+def _orm_queries(source: str) -> list[int]:
+    """Lines that query through a model manager (`X.objects`): reads belong in sessions_app's read modules."""
+    tree = ast.parse(source)
+    return sorted(node.lineno for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr == "objects")
+
+
+@pytest.mark.parametrize("path", _modules("chat"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_gateway_reads_through_the_domain(path: Path) -> None:
+    """chat/ asks `sessions_app.gateway_reads` (or `statements`) instead of querying models itself."""
+    assert not _orm_queries(path.read_text()), (
+        f"{path.relative_to(ROOT)} queries the ORM at {_orm_queries(path.read_text())}"
+    )
+
+
+def test_the_orm_rule_catches_a_query() -> None:
+    source = "from sessions_app.models import Run\n\n\ndef f():\n    return Run.objects.filter(pk=1)\n"
+    assert _orm_queries(source) == [5]
+    assert _orm_queries("objects = 1\nx = objects\n") == []
