@@ -127,6 +127,8 @@ class Broadcaster:
 
     def send(self, owner_id: int, message: GatewayMessage) -> None:
         """Queue a broadcast to an owner's connections (and operators), from any thread."""
+        if message["type"] == "gateway.chat":
+            message["at"] = time.time()  # called once committed: a long transaction is not an old event
         self._enqueue(partial(agroup_send_all, owner_id, message))
 
     def route(self, group: str, message: AccessMessage | RunCancel) -> None:

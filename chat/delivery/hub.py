@@ -48,6 +48,7 @@ class Hub:
         self.process_group: str | None = None
         self._lock = asyncio.Lock()
         self._probes: dict[str, asyncio.Future[None]] = {}  # token -> waiting probe
+        self._leaving: set[asyncio.Task[None]] = set()  # probes' groups being left
 
     async def start(self, process_group: str, on_control: Callable[[ProcessMessage], None]) -> None:
         """Open the channel, join the process's own group, and start receiving."""
@@ -94,7 +95,10 @@ class Hub:
                 await layer.group_send(group, untyped(ping))
                 await waiting
             finally:
-                await _group_discard(group, channel)
+                # left in the background: a Redis that hangs must not hold readiness past its deadline
+                leaving = asyncio.ensure_future(_group_discard(group, channel))
+                self._leaving.add(leaving)
+                leaving.add_done_callback(self._leaving.discard)
         finally:
             self._probes.pop(token, None)
 
@@ -144,7 +148,7 @@ class Hub:
         """
         if str(message.get("type", "")).startswith("gateway."):
             event = cast(GatewayMessage, message)  # one of the shapes `chat.delivery.messages` declares
-            if event["type"] == "gateway.chat":
+            if event["type"] == "gateway.chat" and "at" in event:  # (a process of an older release sends none)
                 metrics.EVENT_DELIVERY_LAG.observe(max(0.0, time.time() - event["at"]))
             via = event.get("via") == OPERATORS_VIA
             group = groups.OPERATORS if via else groups.user_group(event["owner"])
@@ -186,7 +190,10 @@ class Hub:
                 while self.task is me and (channel := self.channel) is not None:
                     message = await layer.receive(channel)
                     health.ok("listener")
-                    await self.deliver(message)
+                    try:
+                        await self.deliver(message)
+                    except Exception:  # one odd message is not the layer failing: no new channel
+                        log.exception("a layer message of type %r could not be handed on", message.get("type"))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

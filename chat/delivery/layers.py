@@ -18,10 +18,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import weakref
 from collections import defaultdict, deque
+from functools import partial
 from typing import Any
 
 from channels.layers import InMemoryChannelLayer as ChannelsInMemoryChannelLayer
@@ -76,8 +78,8 @@ class GatewayRedisChannelLayer(RedisChannelLayer):  # type: ignore[misc]
     its connections. Under load its queue grew to tens of seconds of lag. Here, once the
     library's careful read has returned a message, what else waits on the process's
     channel comes in one ZPOPMIN and is handed out in order without going back to Redis.
-    Those are not backed up: a cancelled read (only at shutdown) or a dead process loses
-    them, as a dead process loses its queue anyway; repair (§9) covers both.
+    Those are not backed up in Redis: a dead process loses them, as it loses its queue
+    anyway, and repair (§9) covers that.
     """
 
     receive_batch = 100
@@ -92,10 +94,29 @@ class GatewayRedisChannelLayer(RedisChannelLayer):  # type: ignore[misc]
             return self._batched[channel].popleft()
         received = await super().receive_single(channel)
         if local and self.receive_batch > 1:
+            # The library's receive counts on nothing being awaited between its read and the
+            # hand-over of `received`: the extra pop must neither lose it nor what it popped.
+            # Shielded, its result lands in the batch even if this read is cancelled meanwhile;
+            # if it fails (Redis away), `received` is still handed over.
             connection = self.connection(self.consistent_hash(channel))
-            more = await connection.zpopmin(self.prefix + channel, self.receive_batch - 1)
-            self._batched[channel].extend(self._unpack(content, channel) for content, _score in more)
+            pop = asyncio.ensure_future(connection.zpopmin(self.prefix + channel, self.receive_batch - 1))
+            pop.add_done_callback(partial(self._keep, channel))
+            try:
+                await asyncio.shield(pop)
+            except asyncio.CancelledError:
+                self._batched[channel].appendleft(received)  # the next read hands it over, then the batch
+                raise
+            except Exception:
+                pass  # logged by `_keep`; `received` is still handed over
         return received
+
+    def _keep(self, channel: str, pop: asyncio.Future[Any]) -> None:
+        if pop.cancelled():
+            return
+        if pop.exception() is not None:
+            log.warning("reading more of the process channel failed: %s", pop.exception())
+            return
+        self._batched[channel].extend(self._unpack(content, channel) for content, _score in pop.result())
 
     async def group_send(self, group: str, message: dict[str, Any]) -> None:
         """The library's `group_send` (channels-redis 4.3.0) in two round trips instead of four:

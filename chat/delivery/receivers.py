@@ -93,8 +93,10 @@ class _PendingRow:
     session_pk: int
     changes: list[_Change] = field(default_factory=list)
     flushed: bool = False
-    # The latest change's flush entry, in Django's own shape `(savepoint ids, func, robust)`.
-    entry: tuple[set[str], Callable[[], None], bool] | None = None
+    # The latest change's flush function, as it stands in Django's on-commit entries
+    # `(savepoint ids, func, robust)`: a savepoint's rollback rebuilds those tuples, the
+    # function in them stays the same object.
+    flush_fn: Callable[[], None] | None = None
 
     def flush(self) -> None:
         """Send the changes that committed, each with the committed row."""
@@ -124,10 +126,10 @@ def _pending() -> dict[int, _PendingRow]:
     return pending
 
 
-def _waiting(waiting: list[Any], entry: object) -> bool:
-    """Whether `entry` is in the on-commit list."""
+def _waiting(waiting: list[Any], fn: object) -> bool:
+    """Whether the function `fn` still waits in the on-commit list."""
     # From the end, by identity: a holder's entry is usually among the last registered.
-    return any(waiting_entry is entry for waiting_entry in reversed(waiting))
+    return fn is not None and any(entry[1] is fn for entry in reversed(waiting))
 
 
 def _row_changed(session: ChatSession, reason: str, run_id: str | None, *, deleted: bool = False) -> None:
@@ -144,7 +146,7 @@ def _row_changed(session: ChatSession, reason: str, run_id: str | None, *, delet
     holder = pending.get(session.pk)
     # A holder whose flush is no longer waiting for this connection's commit belongs to a
     # transaction that rolled back (a full rollback clears the list): start afresh.
-    if holder is None or holder.flushed or not _waiting(connection.run_on_commit, holder.entry):
+    if holder is None or holder.flushed or not _waiting(connection.run_on_commit, holder.flush_fn):
         if len(pending) > 1000:  # holders left behind by rollbacks
             pending.clear()
         holder = pending[session.pk] = _PendingRow(session.owner_id, session.pk)
@@ -153,5 +155,5 @@ def _row_changed(session: ChatSession, reason: str, run_id: str | None, *, delet
     transaction.on_commit(change.mark, robust=True)
     # Appended, never moved (test helpers such as captureOnCommitCallbacks index into the
     # list): no savepoint ids, so a savepoint's rollback keeps it.
-    holder.entry = (set(), change.flush, True)
-    connection.run_on_commit.append(holder.entry)
+    holder.flush_fn = change.flush  # one bound method, the very object the entry holds
+    connection.run_on_commit.append((set(), holder.flush_fn, True))

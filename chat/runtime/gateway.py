@@ -39,7 +39,7 @@ class GatewayRuntime:
         self.connections = connections
         self.supervisor = Supervisor(self)
         self.hub = Hub()
-        self._started: asyncio.Future[None] | None = None  # done once `ensure_started` has finished
+        self._started: asyncio.Task[None] | None = None  # the start, done once it has finished
 
     @property
     def running(self) -> bool:
@@ -53,7 +53,9 @@ class GatewayRuntime:
         """Start on the running loop (idempotent); a caller arriving while it starts waits for it.
 
         A connection that went on before the hub was open would join groups the hub then
-        forgot: it would get no live event until it reconnected.
+        forgot: it would get no live event until it reconnected. The start is a task of its
+        own: a caller that is cancelled (its client left) neither aborts it nor cancels the
+        others waiting for it.
         """
         loop = asyncio.get_running_loop()
         if self.loop is loop:
@@ -63,22 +65,20 @@ class GatewayRuntime:
         if self.running:
             raise RuntimeError("the gateway runtime is serving another event loop")
         self.loop = loop
-        started = self._started = loop.create_future()
+        started = self._started = loop.create_task(self._start_or_reset())
+        started.add_done_callback(lambda task: task.cancelled() or task.exception())  # retrieved
+        await asyncio.shield(started)
+
+    async def _start_or_reset(self) -> None:
         try:
             await self._start()
-        except BaseException as exc:
+        except BaseException:
             # Not started: the next connection tries again (a database that was down at boot).
             self.loop, self._started = None, None
-            if isinstance(exc, Exception):
-                with contextlib.suppress(Exception):
-                    await self.hub.stop()
-                    await broadcaster.stop()
-                started.set_exception(exc)
-                started.exception()  # retrieved here; the waiters re-raise it
-            else:
-                started.cancel()
+            with contextlib.suppress(Exception):
+                await self.hub.stop()
+                await broadcaster.stop()
             raise
-        started.set_result(None)
 
     async def _start(self) -> None:
         self.server_id = f"{socket.gethostname()[:30]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"

@@ -18,9 +18,9 @@ def _observe_end(
     RUNS_ENDED.labels(agent, state, error_kind or "").inc()
     if seconds is not None:
         RUN_DURATION_SECONDS.labels(agent, state).observe(seconds)
-    if prompt:
+    if prompt and prompt > 0:  # a backend's odd usage report must not raise here
         TOKENS.labels(agent, "prompt").inc(prompt)
-    if completion:
+    if completion and completion > 0:
         TOKENS.labels(agent, "completion").inc(completion)
 
 
@@ -36,5 +36,6 @@ def on_run_transition(
     agent = session.agent_id if session is not None else ""
     # Counted after commit: a transition that rolls back never happened.
     transaction.on_commit(
-        partial(_observe_end, agent, to_state, run.error_kind, seconds, run.prompt_tokens, run.completion_tokens)
+        partial(_observe_end, agent, to_state, run.error_kind, seconds, run.prompt_tokens, run.completion_tokens),
+        robust=True,  # a hook that raised would fail the writer's whole batch after it committed
     )

@@ -286,7 +286,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         if (
             state.authed
             and state.may_see(int(message["owner"]), via_operators=message.get("via") == OPERATORS_VIA)
-            and state.admit_chat(run_pk, message["payload"], written_at=message["at"])
+            and state.admit_chat(run_pk, message["payload"], written_at=message.get("at"))
         ):
             await self._send_event_json("chat", message["json"])
             # then its `agent` events (§12), per connection: what this one has had of the reply

@@ -47,3 +47,50 @@ async def test_a_stopped_hub_does_not_receive_again_when_the_client_library_swal
     assert "process channel failed" not in caplog.text
     with pytest.raises(HubNotListening):
         await hub.probe()
+
+
+async def test_the_probe_does_not_wait_to_leave_its_group(client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A layer that hangs on group_discard must not hold readiness past its deadline."""
+    layer = get_channel_layer()
+    assert layer is not None
+    hang = asyncio.Event()
+
+    async def hanging_discard(group: str, channel: str) -> None:
+        await hang.wait()
+
+    monkeypatch.setattr(layer, "group_discard", hanging_discard)
+    await asyncio.wait_for(runtime.hub.probe(), 1)
+    assert runtime.hub._leaving  # still leaving, in the background
+    hang.set()
+    await asyncio.sleep(0.05)
+    assert not runtime.hub._leaving
+
+
+async def test_an_odd_message_does_not_restart_the_listener(client: Any) -> None:
+    """A `gateway.chat` without `at` (an older release's) is handed on; the channel stays."""
+    from chat.delivery import groups
+    from chat.delivery.broadcaster import chat_message
+
+    layer = get_channel_layer()
+    assert layer is not None
+    channel, task = runtime.hub.channel, runtime.hub.task
+    conn = next(iter(runtime.connections))
+    payload = {"runId": "old", "sessionKey": "agent:main:main", "sessionId": "g", "seq": 1, "state": "status"}
+    message = dict(chat_message(conn.state.user_id, 77, payload))
+    del message["at"]
+    await layer.group_send(groups.user_group(conn.state.user_id), message)
+    await layer.group_send(groups.user_group(conn.state.user_id), {"type": "gateway.nonsense", "owner": "x"})
+    await client.drain(0.3)
+    assert [e["payload"]["runId"] for e in client.events if e["event"] == "chat"] == ["old"]
+    assert runtime.hub.channel == channel and runtime.hub.task is task
+
+
+def test_a_chat_event_is_stamped_when_it_is_sent_not_when_it_was_built() -> None:
+    """Built in the transaction, sent once committed: a slow commit is not an old event."""
+    from chat.delivery.broadcaster import broadcaster, chat_message
+
+    payload = {"runId": "r", "sessionKey": "agent:main:main", "sessionId": "g", "seq": 1, "state": "status"}
+    message = chat_message(1, 5, payload)
+    message["at"] = 0.0
+    broadcaster.send(1, message)
+    assert message["at"] > 1e9

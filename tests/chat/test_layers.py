@@ -73,3 +73,26 @@ async def test_group_send_reaches_every_member_once_and_respects_capacity(layer:
     await layer.group_discard("both", a)
     await layer.group_send("both", {"type": "e", "i": 9})
     assert (await layer.receive(b))["i"] == 9
+
+
+async def test_a_failed_extra_read_still_hands_over_the_message_read_first(
+    layer: GatewayRedisChannelLayer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The library counts on nothing between its read and the hand-over; our extra pop may fail."""
+    import redis.asyncio
+
+    hub = await layer.new_channel(prefix="gateway")
+    await layer.group_add("g", hub)
+    for i in range(3):
+        await layer.group_send("g", {"type": "e", "i": i})
+    real = redis.asyncio.Redis.zpopmin
+    calls = {"n": 0}
+
+    async def once_broken(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise redis.asyncio.ConnectionError("Redis went away")
+        return await real(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.asyncio.Redis, "zpopmin", once_broken)
+    assert [(await layer.receive(hub))["i"] for _ in range(3)] == [0, 1, 2]

@@ -124,6 +124,31 @@ def test_a_write_that_fails_in_the_writers_batch_lends_its_row_to_no_event(sent:
     assert row_events(sent) == [("patch", "committed", session.version + 1, False)]
 
 
+def fail() -> None:
+    raise RuntimeError("another write failed")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_unrelated_rollback_between_two_changes_keeps_them_one_holders(sent: list[dict[str, Any]]) -> None:
+    """A savepoint's rollback rebuilds Django's on-commit entries: the holder must still be
+    found, so both changes carry the row as committed (not the first its intermediate row)."""
+    session = new_session()
+    sent.clear()
+    writer = Writer()
+    try:
+        with held(writer):
+            first = writer.submit(partial(sessions.patch_session, label="first", pk=session.pk), urgent=False)
+            failed = writer.submit(fail, urgent=False)
+            second = writer.submit(partial(sessions.patch_session, label="second", pk=session.pk), urgent=False)
+        assert first.result(WAIT).label == "first" and second.result(WAIT).label == "second"
+        assert isinstance(failed.exception(WAIT), RuntimeError)
+    finally:
+        writer.submit(close_connection, urgent=True).result(WAIT)
+    final = session.version + 2
+    assert stored(session) == ("second", final)
+    assert row_events(sent) == [("patch", "second", final, False), ("patch", "second", final, False)]
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_change_rolled_back_with_its_savepoint_is_not_announced(sent: list[dict[str, Any]]) -> None:
     session = new_session()

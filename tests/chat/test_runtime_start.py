@@ -65,3 +65,32 @@ async def test_a_failed_start_is_tried_again_by_the_next_connection(
         assert (await client.wait_terminal("m1", 10))["state"] == "final"
     finally:
         await client.close()
+
+
+async def test_a_cancelled_first_caller_neither_aborts_the_start_nor_cancels_the_others(
+    alice: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = asyncio.Event()
+    start = runtime.hub.start
+
+    async def slow_start(*args: Any, **kwargs: Any) -> None:
+        await gate.wait()
+        await start(*args, **kwargs)
+
+    monkeypatch.setattr(runtime.hub, "start", slow_start)
+    first = asyncio.ensure_future(runtime.ensure_started())  # e.g. a connection whose client left
+    await asyncio.sleep(0.05)
+    second = asyncio.ensure_future(runtime.ensure_started())
+    await asyncio.sleep(0.05)
+    first.cancel()
+    await asyncio.sleep(0.05)
+    assert not second.done(), "the other caller was cancelled with the first"
+    gate.set()
+    await asyncio.wait_for(second, 5)
+    assert first.cancelled() and runtime.running and runtime.hub.task is not None
+    client = await open_client(alice[1])
+    try:
+        await client.ok("chat.send", send_params("after", "hello [[tick:10]]", "m1"))
+        assert (await client.wait_terminal("m1", 10))["state"] == "final"
+    finally:
+        await client.close()
