@@ -52,7 +52,6 @@ def chat_message(owner_id: int, run_pk: int, payload: dict[str, Any]) -> ChatMes
         "sessionId": payload["sessionId"],
         "seq": payload["seq"],
         "state": payload["state"],
-        "at": time.time(),  # when it was written: a connection opened well after it is not its audience
         "json": encode(payload),
         "payload": payload,
     }

@@ -24,7 +24,9 @@ class ChatMessage(TypedDict):
     sessionId: str
     seq: int
     state: str
-    at: float  # when it was written (time.time()): a connection opened well after it ignores it
+    # when it was sent, once committed (time.time(), set by `Broadcaster.send`): a connection
+    # opened well after it ignores it; an older release's messages have none
+    at: NotRequired[float]
     json: str  # the payload, encoded once for every connection
     payload: dict[str, Any]  # the same payload, for the `agent` events derived from it
     agent: NotRequired[dict[str, Any]]  # what those events add (agent_events.run_facts)

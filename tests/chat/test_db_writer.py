@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 
 from chat.delivery import broadcaster
 from chat.runtime.db import BatchRolledBack, WritePanicked, Writer
 from sessions_app.lifecycle import sessions
 from sessions_app.models import ChatSession
-from tests.support.writer import WAIT, held
+from tests.support.writer import WAIT, held, own_writer
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the writer's own thread commits for real
 
@@ -31,13 +31,8 @@ class Panic(BaseException):
 @pytest.fixture
 def writer(transactional_db: None) -> Iterator[Writer]:
     """A writer of the test's own; its thread's connection is closed at the end (its thread idles)."""
-    writer = Writer()
-    yield writer
-    writer.submit(close_connection, urgent=True).result(WAIT)
-
-
-def close_connection() -> None:
-    connection.close()  # looked up when called: the writer thread's own connection
+    with own_writer() as writer:
+        yield writer
 
 
 @pytest.fixture

@@ -76,8 +76,7 @@ async def test_an_odd_message_does_not_restart_the_listener(client: Any) -> None
     channel, task = runtime.hub.channel, runtime.hub.task
     conn = next(iter(runtime.connections))
     payload = {"runId": "old", "sessionKey": "agent:main:main", "sessionId": "g", "seq": 1, "state": "status"}
-    message = dict(chat_message(conn.state.user_id, 77, payload))
-    del message["at"]
+    message = dict(chat_message(conn.state.user_id, 77, payload))  # not sent through the broadcaster: no `at`
     await layer.group_send(groups.user_group(conn.state.user_id), message)
     await layer.group_send(groups.user_group(conn.state.user_id), {"type": "gateway.nonsense", "owner": "x"})
     await client.drain(0.3)

@@ -8,14 +8,13 @@ from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connection, transaction
+from django.db import transaction
 
 from chat.delivery import broadcaster, receivers
-from chat.runtime.db import Writer
 from sessions_app.lifecycle import runs, sessions
 from sessions_app.models import ChatSession
 from tests.support.db import admit_send
-from tests.support.writer import WAIT, held
+from tests.support.writer import WAIT, held, own_writer
 
 pytestmark = pytest.mark.django_db
 
@@ -102,24 +101,17 @@ def rename_then_fail(session: ChatSession, label: str) -> None:
     raise RuntimeError("failed after its change")
 
 
-def close_connection() -> None:
-    connection.close()  # looked up when called: the writer thread's own connection
-
-
 @pytest.mark.django_db(transaction=True)
 def test_a_write_that_fails_in_the_writers_batch_lends_its_row_to_no_event(sent: list[dict[str, Any]]) -> None:
     """Two renames of one session share a commit; the second fails after its change."""
     session = new_session()
     sent.clear()
-    writer = Writer()
-    try:
+    with own_writer() as writer:
         with held(writer):
             renamed = writer.submit(partial(sessions.patch_session, label="committed", pk=session.pk), urgent=False)
             failed = writer.submit(partial(rename_then_fail, session, "rolled-back"), urgent=False)
         assert renamed.result(WAIT).label == "committed"
         assert isinstance(failed.exception(WAIT), RuntimeError)
-    finally:
-        writer.submit(close_connection, urgent=True).result(WAIT)
     assert stored(session) == ("committed", session.version + 1)
     assert row_events(sent) == [("patch", "committed", session.version + 1, False)]
 
@@ -134,16 +126,13 @@ def test_an_unrelated_rollback_between_two_changes_keeps_them_one_holders(sent: 
     found, so both changes carry the row as committed (not the first its intermediate row)."""
     session = new_session()
     sent.clear()
-    writer = Writer()
-    try:
+    with own_writer() as writer:
         with held(writer):
             first = writer.submit(partial(sessions.patch_session, label="first", pk=session.pk), urgent=False)
             failed = writer.submit(fail, urgent=False)
             second = writer.submit(partial(sessions.patch_session, label="second", pk=session.pk), urgent=False)
         assert first.result(WAIT).label == "first" and second.result(WAIT).label == "second"
         assert isinstance(failed.exception(WAIT), RuntimeError)
-    finally:
-        writer.submit(close_connection, urgent=True).result(WAIT)
     final = session.version + 2
     assert stored(session) == ("second", final)
     assert row_events(sent) == [("patch", "second", final, False), ("patch", "second", final, False)]

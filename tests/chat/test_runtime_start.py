@@ -14,9 +14,8 @@ from tests.support.db import send_params
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-async def test_a_connection_during_start_up_gets_live_events(alice: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """It used to go on at once, join its groups with no hub channel open, and be forgotten
-    when the hub opened: no live event until it reconnected (only repair's terminals)."""
+def hold_the_hubs_start(monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
+    """The runtime's start waits, at the hub, until the returned event is set."""
     gate = asyncio.Event()
     start = runtime.hub.start
 
@@ -25,6 +24,13 @@ async def test_a_connection_during_start_up_gets_live_events(alice: Any, monkeyp
         await start(*args, **kwargs)
 
     monkeypatch.setattr(runtime.hub, "start", slow_start)
+    return gate
+
+
+async def test_a_connection_during_start_up_gets_live_events(alice: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """It used to go on at once, join its groups with no hub channel open, and be forgotten
+    when the hub opened: no live event until it reconnected (only repair's terminals)."""
+    gate = hold_the_hubs_start(monkeypatch)
     booting = asyncio.ensure_future(runtime.ensure_started())  # as `serve` does at boot
     await asyncio.sleep(0.05)
     opening = asyncio.ensure_future(open_client(alice[1]))
@@ -70,14 +76,7 @@ async def test_a_failed_start_is_tried_again_by_the_next_connection(
 async def test_a_cancelled_first_caller_neither_aborts_the_start_nor_cancels_the_others(
     alice: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    gate = asyncio.Event()
-    start = runtime.hub.start
-
-    async def slow_start(*args: Any, **kwargs: Any) -> None:
-        await gate.wait()
-        await start(*args, **kwargs)
-
-    monkeypatch.setattr(runtime.hub, "start", slow_start)
+    gate = hold_the_hubs_start(monkeypatch)
     first = asyncio.ensure_future(runtime.ensure_started())  # e.g. a connection whose client left
     await asyncio.sleep(0.05)
     second = asyncio.ensure_future(runtime.ensure_started())

@@ -6,6 +6,8 @@ import contextlib
 import threading
 from collections.abc import Iterator
 
+from django.db import connection
+
 from chat.runtime.db import Writer
 
 WAIT = 10.0  # seconds; a caller left unanswered fails the test instead of hanging it
@@ -27,3 +29,17 @@ def held(writer: Writer) -> Iterator[None]:
     finally:
         release.set()
     assert holding.result(WAIT)
+
+
+def _close_connection() -> None:
+    connection.close()  # looked up when called: the writer thread's own connection
+
+
+@contextlib.contextmanager
+def own_writer() -> Iterator[Writer]:
+    """A writer of the test's own; its thread's connection is closed at the end (its thread idles)."""
+    writer = Writer()
+    try:
+        yield writer
+    finally:
+        writer.submit(_close_connection, urgent=True).result(WAIT)
