@@ -16,13 +16,14 @@ class ChatConfig(AppConfig):
         # On import: the state gauges register with Prometheus, the `agent` method with the methods, the checks.
         from chat import checks  # noqa: F401
         from chat.delivery import receivers
-        from chat.methods import agent  # noqa: F401
+        from chat.methods import agent, tools  # noqa: F401
         from chat.web import run_metrics, state_gauges  # noqa: F401
         from chat.websocket import access
         from sessions_app import signals
 
         signals.run_transitioned.connect(receivers.on_run_transitioned, dispatch_uid="chat-run-transitioned")
         signals.session_changed.connect(receivers.on_session_changed, dispatch_uid="chat-session-changed")
+        signals.tool_changed.connect(receivers.on_tool_changed, dispatch_uid="chat-tool-changed")
         signals.run_transitioned.connect(run_metrics.on_run_transition, dispatch_uid="chat-metrics-run-end")
 
         # revocation that open sockets feel at once (chat.websocket.access)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -321,5 +322,15 @@ GATEWAY_MAX_CONNECTIONS_PER_USER = env.int("GATEWAY_MAX_CONNECTIONS_PER_USER", d
 
 # Agent table: id -> {backend, model, ...}. GATEWAY_AGENTS is JSON and is merged
 # over the default, so `main` stays the scripted demo agent unless overridden.
+# `main` has the built-in demo MCP server (a clock, a calculator, notes: docs/tools.md), started on
+# its first tool call; GATEWAY_DEMO_TOOLS=false leaves it out.
+DEMO_MCP_SERVER = {
+    "command": sys.executable,
+    "args": ["-m", "chat.runtime.tools.demo_server"],
+    "env": {"AGENTGATE_NOTES_DIR": env.str("AGENTGATE_NOTES_DIR", default=str(BASE_DIR / "notes"))},
+    "cwd": str(BASE_DIR),
+}
 GATEWAY_AGENTS: dict[str, dict[str, Any]] = {"main": {"backend": "scripted", "model": "scripted"}}
+if env.bool("GATEWAY_DEMO_TOOLS", default=True):
+    GATEWAY_AGENTS["main"]["mcp_servers"] = {"demo": DEMO_MCP_SERVER}
 GATEWAY_AGENTS.update(json.loads(env.str("GATEWAY_AGENTS", default="{}") or "{}"))

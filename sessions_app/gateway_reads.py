@@ -14,7 +14,17 @@ from typing import Any
 from django.db.models import Q, QuerySet
 
 from sessions_app import statements
-from sessions_app.models import ACTIVE_STATES, OPEN_STATES, ChatSession, Message, Run, RunState
+from sessions_app.models import (
+    ACTIVE_STATES,
+    OPEN_STATES,
+    TOOL_TERMINAL_STATES,
+    ChatSession,
+    Message,
+    Run,
+    RunState,
+    ToolApproval,
+    ToolCall,
+)
 
 # A session with the runs its row names, read in one statement: a row read in two steps
 # could be split by a delete (a `running` row whose active run is already gone).
@@ -80,6 +90,7 @@ class Transcript:
     runs: dict[int, Run]  # the messages' runs by pk (runId, outcome, timings, usage)
     active: Run | None = None
     queued: list[Run] = field(default_factory=list)
+    tools: dict[int, list[ToolCall]] = field(default_factory=dict)  # run pk -> its tool calls, in order
 
 
 def transcript(session: ChatSession, *, limit: int = 200, before_id: int | None = None) -> Transcript:
@@ -90,16 +101,40 @@ def transcript(session: ChatSession, *, limit: int = 200, before_id: int | None 
     newest_first = list(qs.order_by("-id")[: limit + 1])
     msgs = list(reversed(newest_first[:limit]))
     run_pks = {m.run_id for m in msgs if m.run_id is not None}
-    fields = ("pk", "run_id", "state", "dispatched_at", "started_at", "ended_at", "prompt_tokens", "completion_tokens")
+    fields = (
+        "pk",
+        "run_id",
+        "state",
+        "dispatched_at",
+        "started_at",
+        "ended_at",
+        "prompt_tokens",
+        "completion_tokens",
+        "tool_calls",
+    )
     runs = {r.pk: r for r in Run.objects.filter(pk__in=run_pks).only(*fields)}
     open_runs = list(Run.objects.filter(session=session, state__in=OPEN_STATES).order_by("queue_seq", "id"))
+    active = next((r for r in open_runs if r.state in ACTIVE_STATES), None)
+    with_tools = {pk for pk, r in runs.items() if r.tool_calls}
+    if active is not None and active.tool_calls:
+        with_tools.add(active.pk)
     return Transcript(
         messages=msgs,
         has_more=len(newest_first) > limit,
         runs=runs,
-        active=next((r for r in open_runs if r.state in ACTIVE_STATES), None),
+        active=active,
         queued=[r for r in open_runs if r.state == RunState.QUEUED],
+        tools=tool_calls_of(with_tools),
     )
+
+
+def tool_calls_of(run_pks: set[int]) -> dict[int, list[ToolCall]]:
+    """The tool calls of these runs, in call order (one query; none when no run has calls)."""
+    found: dict[int, list[ToolCall]] = {}
+    if run_pks:
+        for call in ToolCall.objects.filter(run_id__in=run_pks).order_by("run_id", "seq"):
+            found.setdefault(call.run_id, []).append(call)
+    return found
 
 
 def find_run(owner_id: int, key: str, run_id: str) -> Run | None:
@@ -187,3 +222,29 @@ def reconcile_snapshot(server_id: str, local: list[int]) -> tuple[list[int], lis
     ended = [pk for pk in local if pk not in active]
     mine = Run.objects.filter(owner_process=server_id, state__in=ACTIVE_STATES).exclude(pk__in=local)
     return ended, list(mine.values_list("pk", "state"))
+
+
+def ended_tool_calls(call_ids: set[str]) -> list[ToolCall]:
+    """Of these calls, the ones that reached their terminal state, with run and session (repair)."""
+    if not call_ids:
+        return []
+    qs = ToolCall.objects.select_related("run__session").defer(*(f"run__{n}" for n in _HEAVY_RUN_FIELDS))
+    return list(qs.filter(call_id__in=call_ids, state__in=TOOL_TERMINAL_STATES))
+
+
+def resolved_approvals(approval_ids: set[str]) -> list[ToolApproval]:
+    """Of these approvals, the ones resolved, with call, run and session (repair)."""
+    if not approval_ids:
+        return []
+    qs = ToolApproval.objects.select_related("tool_call__run__session").defer(
+        *(f"tool_call__run__{n}" for n in _HEAVY_RUN_FIELDS)
+    )
+    return list(qs.filter(approval_id__in=approval_ids).exclude(decision=""))
+
+
+def tool_call(pk: int) -> ToolCall:
+    return ToolCall.objects.get(pk=pk)
+
+
+def approval(pk: int) -> ToolApproval:
+    return ToolApproval.objects.get(pk=pk)

@@ -57,6 +57,8 @@ class ChatSession(models.Model):
     ended_at = models.DateTimeField(null=True, blank=True)
     aborted_last_run = models.BooleanField(default=False)
     last_run_error = models.TextField(blank=True, default="")
+    # "approval" while an approval of the active run is pending (TOOLS.md §13.2 `waitingFor`), else ""
+    waiting_for = models.CharField(max_length=16, blank=True, default="")
     version = models.BigIntegerField(default=1)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -101,6 +103,8 @@ class Run(models.Model):
     prompt_tokens = models.IntegerField(null=True, blank=True)
     completion_tokens = models.IntegerField(null=True, blank=True)
     cancel_ms = models.IntegerField(null=True, blank=True)
+    # how many tool calls the run recorded: its terminal transition looks for open calls only when > 0
+    tool_calls = models.IntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     dispatched_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -144,11 +148,110 @@ class Message(models.Model):
         return f"{self.role}: {self.text[:40]}"
 
 
+class ToolCallState(models.TextChoices):
+    PENDING = "pending"  # recorded; not started (an earlier call of its step runs, or approval allowed it)
+    PENDING_APPROVAL = "pending_approval"  # waiting for its approval's decision
+    RUNNING = "running"  # committed before the request is written to the MCP server
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # bad arguments, unknown tool, server trouble, the tool's error or timeout
+    DENIED = "denied"
+    EXPIRED = "expired"  # its approval had no decision in time
+    CANCELLED = "cancelled"  # its run ended first (abort, timeout, reset, delete), or never started
+    UNKNOWN = "unknown"  # its process died while it ran: whether it took effect is not known
+
+
+TOOL_OPEN_STATES = (ToolCallState.PENDING, ToolCallState.PENDING_APPROVAL, ToolCallState.RUNNING)
+TOOL_TERMINAL_STATES = (
+    ToolCallState.SUCCEEDED,
+    ToolCallState.FAILED,
+    ToolCallState.DENIED,
+    ToolCallState.EXPIRED,
+    ToolCallState.CANCELLED,
+    ToolCallState.UNKNOWN,
+)
+
+
+class ToolCall(models.Model):
+    """One tool call of a run (TOOLS.md §13): runs at most once, ends in exactly one terminal state."""
+
+    call_id = models.CharField(max_length=40, unique=True)  # the gateway's toolCallId ("tc_…")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tools")
+    seq = models.IntegerField()  # order within the run, from 1
+    step = models.IntegerField()  # the model call that asked for it, from 1
+    model_call_id = models.CharField(max_length=128, blank=True, default="")  # the model's own id
+    server = models.CharField(max_length=32, blank=True, default="")
+    tool = models.CharField(max_length=128)  # the MCP tool's name (or what the model asked for)
+    arguments = models.TextField(blank=True, default="")  # as the model sent them (JSON text)
+    state = models.CharField(max_length=16, choices=ToolCallState.choices, default=ToolCallState.PENDING)
+    result = models.TextField(blank=True, default="")  # capped (max_tool_result_bytes)
+    is_error = models.BooleanField(default=False)
+    error_kind = models.CharField(max_length=32, blank=True, default="")
+    reply_offset = models.IntegerField(default=0)  # how much reply text came before it
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "seq"], name="uniq_toolcall_run_seq")]
+        indexes = [
+            models.Index(fields=["state", "ended_at"], name="toolcall_state_ended"),
+            models.Index(fields=["ended_at", "id"], name="toolcall_ended_id"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.call_id} {self.name} ({self.state})"
+
+    @property
+    def name(self) -> str:
+        """`server.tool` (TOOLS.md §13.3)."""
+        return f"{self.server}.{self.tool}" if self.server else self.tool
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TOOL_TERMINAL_STATES
+
+
+class ApprovalDecision(models.TextChoices):
+    ALLOW_ONCE = "allow-once"
+    DENY = "deny"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+
+
+class ToolApproval(models.Model):
+    """The approval a tool call waits for; the first decision wins."""
+
+    approval_id = models.CharField(max_length=40, unique=True)  # "ap_…"
+    tool_call = models.OneToOneField(ToolCall, on_delete=models.CASCADE, related_name="approval")
+    session = models.ForeignKey(ChatSession, on_delete=models.CASCADE, related_name="approvals")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    decision = models.CharField(max_length=16, choices=ApprovalDecision.choices, blank=True, default="")
+    decided_by = models.CharField(max_length=150, blank=True, default="")  # user name, or "system"
+    decided_by_user_id = models.IntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    resolved_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["owner", "decision"], name="approval_owner_decision"),
+            models.Index(fields=["decision", "expires_at"], name="approval_decision_expires"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.approval_id} ({self.decision or 'pending'})"
+
+    @property
+    def pending(self) -> bool:
+        return not self.decision
+
+
 class LifecycleEvent(models.Model):
-    """Audit row: one per run transition (and per session-level change)."""
+    """Audit row: one per run transition (and per session-level change, tool call and approval change)."""
 
     session = models.ForeignKey(ChatSession, on_delete=models.CASCADE, related_name="audit")
     run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.CASCADE, related_name="audit")
+    tool_call = models.ForeignKey(ToolCall, null=True, blank=True, on_delete=models.CASCADE, related_name="audit")
     from_state = models.CharField(max_length=16, blank=True, default="")
     to_state = models.CharField(max_length=16, blank=True, default="")
     reason = models.CharField(max_length=64)

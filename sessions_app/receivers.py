@@ -9,8 +9,17 @@ from django.db.models.signals import post_delete
 from django.dispatch import receiver
 
 from sessions_app import audit, statements
-from sessions_app.models import TERMINAL_STATES, Actor, ChatSession, LifecycleEvent, Run, SessionTombstone
-from sessions_app.signals import run_transitioned, session_changed
+from sessions_app.models import (
+    TERMINAL_STATES,
+    Actor,
+    ChatSession,
+    LifecycleEvent,
+    Run,
+    SessionTombstone,
+    ToolApproval,
+    ToolCall,
+)
+from sessions_app.signals import run_transitioned, session_changed, tool_changed
 
 
 def _who(actor: str) -> dict[str, Any]:
@@ -42,6 +51,41 @@ def record_run_transition(
             actor=actor,
             detail=run.error_message if to_state in TERMINAL_STATES else "",
             **_who(actor),
+        )
+    )
+
+
+@receiver(tool_changed, dispatch_uid="sessions_app-audit-tool")
+def record_tool_change(
+    sender: Any,
+    call: ToolCall,
+    run: Run,
+    session: ChatSession,
+    from_state: str,
+    to_state: str,
+    reason: str,
+    actor: str,
+    approval: ToolApproval | None = None,
+    **kwargs: Any,
+) -> None:
+    """One audit row per tool call or approval change: the call's states, and who decided."""
+    who = _who(actor)
+    if approval is not None and approval.decided_by_user_id is not None:
+        who = {"actor_user_id": approval.decided_by_user_id, "actor_name": approval.decided_by}
+    detail = f"{call.call_id} {call.name}"
+    if approval is not None:
+        detail += f" approval {approval.approval_id} {approval.decision or 'pending'}"
+    statements.insert(
+        LifecycleEvent(
+            session=session,
+            run=run,
+            tool_call=call,
+            from_state=from_state,
+            to_state=to_state,
+            reason=reason[:64],
+            actor=actor,
+            detail=detail,
+            **who,
         )
     )
 

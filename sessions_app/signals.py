@@ -17,3 +17,9 @@ session_changed = Signal()
 # kwargs: tokens (list of (user_id, token_hash)) — API tokens just revoked; sent inside the
 #         revoking transaction, so receivers act on commit
 tokens_revoked = Signal()
+
+# kwargs: call (ToolCall, as written), run, session (locked), from_state ('' for a new call or an
+#         approval's own change), to_state (the call's state), reason, actor, event (the wire event it
+#         carries: 'start', 'result', 'approval', 'approval.resolved', or '' for none), seq (that
+#         event's seq in the run), approval (ToolApproval or None)
+tool_changed = Signal()

@@ -29,6 +29,7 @@ from chat.delivery.messages import (
     GatewayMessage,
     RunCancel,
     SessionMessage,
+    ToolMessage,
     untyped,
 )
 from chat.protocol.frames import encode
@@ -72,6 +73,23 @@ def session_message(owner_id: int, session_pk: int, payload: dict[str, Any]) -> 
         "row": row_json,
         "json": f'{rest[:-1]},"session":{row_json}}}',
     }
+
+
+def tool_message(
+    owner_id: int, run_pk: int, call_id: str, event: str, agent: dict[str, Any], plugin: dict[str, Any] | None = None
+) -> ToolMessage:
+    """A layer message carrying a tool call's or an approval's events (small and rare: not pre-encoded)."""
+    message: ToolMessage = {
+        "type": "gateway.tool",
+        "owner": owner_id,
+        "run": run_pk,
+        "call": call_id,
+        "event": event,
+        "agent": agent,
+    }
+    if plugin is not None:
+        message["plugin"] = plugin
+    return message
 
 
 async def agroup_send_all(owner_id: int, message: GatewayMessage) -> None:

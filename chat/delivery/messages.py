@@ -47,6 +47,19 @@ class SessionMessage(TypedDict):
     via: NotRequired[str]
 
 
+class ToolMessage(TypedDict):
+    """`gateway.tool`: a tool call's or approval's event (TOOLS.md §13.3, §13.5; `broadcaster.tool_message`)."""
+
+    type: Literal["gateway.tool"]
+    owner: int
+    run: int  # the run's pk
+    call: str  # its toolCallId
+    event: str  # start | update | result | approval | approval.resolved
+    agent: dict[str, Any]  # the `agent` event (stream tool or approval): to connections with the cap tool-events
+    plugin: NotRequired[dict[str, Any]]  # plugin.approval.requested / .resolved: to those with operator.approvals
+    via: NotRequired[str]
+
+
 class AccessMessage(TypedDict):
     """`gateway.access`: something this user's sockets relied on was revoked (`access.tell`)."""
 
@@ -72,7 +85,7 @@ class HubProbe(TypedDict):
     token: str
 
 
-GatewayMessage = ChatMessage | SessionMessage | AccessMessage
+GatewayMessage = ChatMessage | SessionMessage | ToolMessage | AccessMessage
 ProcessMessage = RunCancel | HubProbe
 
 

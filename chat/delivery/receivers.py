@@ -21,10 +21,11 @@ from typing import Any
 from django.db import transaction
 
 from chat.delivery import agent_events
-from chat.delivery.broadcaster import broadcaster, chat_message, session_message
+from chat.delivery.broadcaster import broadcaster, chat_message, session_message, tool_message
 from chat.protocol import wire
 from chat.runtime import hooks
-from sessions_app.models import ACTIVE_STATES, TERMINAL_STATES, ChatSession, Run, RunState
+from chat.web import metrics
+from sessions_app.models import ACTIVE_STATES, TERMINAL_STATES, ChatSession, Run, RunState, ToolApproval, ToolCall
 
 
 def on_run_transitioned(
@@ -52,6 +53,40 @@ def on_run_transitioned(
     elif to_state in TERMINAL_STATES and from_state in ACTIVE_STATES:
         transaction.on_commit(partial(hooks.run_ended, run.pk, run.owner_process), robust=True)
     transaction.on_commit(partial(hooks.run_changed, run.pk), robust=True)
+
+
+def on_tool_changed(
+    sender: Any,
+    call: ToolCall,
+    run: Run,
+    session: ChatSession,
+    event: str,
+    seq: int,
+    approval: ToolApproval | None = None,
+    **kwargs: Any,
+) -> None:
+    """A tool call's or approval's event, encoded now from the rows as written, sent after commit."""
+    plugin = None
+    if event == "start":
+        data = wire.tool_start_data(call)
+    elif event == "result":
+        data = wire.tool_result_data(call)
+        took = (call.ended_at - call.started_at).total_seconds() if call.started_at and call.ended_at else None
+        ended = partial(metrics.tool_call_ended, call.server, call.state, call.error_kind, took)
+        transaction.on_commit(ended, robust=True)
+    elif event in ("approval", "approval.resolved") and approval is not None:
+        data = wire.approval_data(approval, call)
+        make = wire.approval_resolved if approval.decision else wire.approval_request
+        plugin = make(approval, call, run, session.key)
+    else:
+        transaction.on_commit(partial(hooks.tool_changed, call.pk, run.pk), robust=True)
+        return  # a change with no event of its own (a call started, an approval allowed)
+    stream = "approval" if event.startswith("approval") else "tool"
+    message = tool_message(
+        session.owner_id, run.pk, call.call_id, event, wire.agent_event(run, session.key, seq, stream, data), plugin
+    )
+    transaction.on_commit(partial(broadcaster.send, session.owner_id, message), robust=True)
+    transaction.on_commit(partial(hooks.tool_changed, call.pk, run.pk), robust=True)
 
 
 def on_session_changed(sender: Any, session: ChatSession, reason: str, deleted: bool = False, **kwargs: Any) -> None:

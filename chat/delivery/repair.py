@@ -24,6 +24,8 @@ from django.conf import settings
 from django.utils import timezone
 
 from chat.delivery import agent_events
+from chat.delivery.broadcaster import tool_message
+from chat.delivery.messages import ToolMessage
 from chat.protocol import wire
 from chat.runtime.db import db_read
 from chat.websocket.connection import ConnectionState, Event
@@ -52,6 +54,7 @@ class Snapshot:
     rows: dict[int, tuple[int, dict[str, Any]]] = field(default_factory=dict)  # session pk -> (owner, row)
     checked: set[int] = field(default_factory=set)  # session pks whose existence was checked
     existing: set[int] = field(default_factory=set)
+    tools: list[ToolMessage] = field(default_factory=list)  # results and resolutions of those asked about
 
 
 @dataclass
@@ -95,7 +98,12 @@ def margin() -> timedelta:
 
 
 def take_snapshot(
-    scanner: Scanner, open_runs: set[int], owners: set[int] | None, want_rows: bool, known_sessions: set[int]
+    scanner: Scanner,
+    open_runs: set[int],
+    owners: set[int] | None,
+    want_rows: bool,
+    known_sessions: set[int],
+    open_tools: tuple[set[str], set[str]] = (set(), set()),
 ) -> Snapshot:
     """Read everything one repair pass needs, in a handful of indexed queries."""
     scan_started = timezone.now()
@@ -124,6 +132,18 @@ def take_snapshot(
     if known_sessions:
         snap.checked = set(known_sessions)
         snap.existing = gateway_reads.existing_session_pks(known_sessions)
+    calls, approvals = open_tools
+    for call in gateway_reads.ended_tool_calls(calls):
+        run = call.run
+        data = wire.tool_result_data(call)
+        agent = wire.agent_event(run, run.session.key, run.stream_seq, "tool", data)
+        snap.tools.append(tool_message(run.session.owner_id, run.pk, call.call_id, "result", agent))
+    for approval in gateway_reads.resolved_approvals(approvals):
+        call = approval.tool_call
+        run = call.run
+        agent = wire.agent_event(run, run.session.key, run.stream_seq, "approval", wire.approval_data(approval, call))
+        plugin = wire.approval_resolved(approval, call, run, run.session.key)
+        snap.tools.append(tool_message(run.session.owner_id, run.pk, call.call_id, "approval.resolved", agent, plugin))
     return snap
 
 
@@ -138,6 +158,10 @@ def connection_events(state: ConnectionState, snap: Snapshot) -> list[Event]:
             and state.admit_chat(pk, ended.payload)
         ):
             events += state.follow(pk, ended.payload, ended.facts)
+    for message in snap.tools:
+        # before the run's own terminal below, as they were sent (a card ends before its run)
+        if state.may_see(message["owner"]):
+            events += state.tool_events(message)
     for pk in state.open_run_pks():
         if pk not in snap.asked:
             continue  # opened after the snapshot was read: the next pass covers it
@@ -178,7 +202,13 @@ async def repair(connections: list[Repairable], scanner: Scanner) -> None:
     known: set[int] = set()
     for c in subscribed:
         known.update(c.state.rows)
-    snap = await db_read(take_snapshot, scanner, open_runs, owners, bool(subscribed), known)
+    calls: set[str] = set()
+    approvals: set[str] = set()
+    for c in live:
+        open_calls, open_approvals = c.state.open_tool_ids()
+        calls.update(open_calls)
+        approvals.update(open_approvals)
+    snap = await db_read(take_snapshot, scanner, open_runs, owners, bool(subscribed), known, (calls, approvals))
     for c in live:
         try:
             events = connection_events(c.state, snap)

@@ -17,6 +17,7 @@ from chat.protocol.wire import AckStatus
 from chat.runtime.backends import get_backend
 from chat.runtime.db import db_read, db_write
 from chat.runtime.gateway import runtime
+from chat.runtime.tools.host import setup_error as tool_setup_error
 from chat.websocket import outbound
 from chat.websocket.connection import ConnectionState
 from sessions_app import gateway_reads
@@ -39,7 +40,7 @@ class Conn(Protocol):
 class Reply:
     """A response: ok payload, or error (with an optional payload, as the `error` ack has)."""
 
-    payload: dict[str, Any] | None = None
+    payload: dict[str, Any] | list[Any] | None = None
     error: dict[str, Any] | None = None
     # A held answer (waitMs; agent's final), sent later. With a payload or error too, that is
     # answered first: two responses under one request id (agent, §12).
@@ -219,6 +220,9 @@ async def _admit(conn: Conn, send: frames.ChatSendParams, *, steer: bool) -> Sen
         if backend is None
         else backend.check_setup(send.message, send.attachments)
     )
+    if setup_error is None and backend is not None and backend.uses_tools(send.message):
+        # bad tool settings, or an MCP server that cannot start: a setup failure (TOOLS.md §13.1)
+        setup_error = await tool_setup_error(send.agent_id, backend.config)
     request = SendRequest(
         owner_id=conn.state.user_id,
         key=send.key,

@@ -14,7 +14,7 @@ ACK_METHODS = ("chat.send", "sessions.steer")
 
 
 def _count_ack(method: str, reply: Any) -> None:
-    payload = reply.payload or {}
+    payload = reply.payload if isinstance(reply.payload, dict) else {}
     status = payload.get("status") or ("error" if reply.error is not None else "ok")
     CHAT_SEND_ACKS.labels(method, str(status)).inc()
 

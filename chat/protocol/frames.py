@@ -19,7 +19,16 @@ from django.conf import settings
 
 PROTOCOL_VERSION = 4
 
-EVENTS = ["connect.challenge", "chat", "agent", "sessions.changed", "tick", "shutdown"]
+EVENTS = [
+    "connect.challenge",
+    "chat",
+    "agent",
+    "sessions.changed",
+    "plugin.approval.requested",
+    "plugin.approval.resolved",
+    "tick",
+    "shutdown",
+]
 
 
 class Scope(StrEnum):
@@ -28,6 +37,11 @@ class Scope(StrEnum):
     READ = "operator.read"
     WRITE = "operator.write"
     ADMIN = "operator.admin"
+    APPROVALS = "operator.approvals"  # see and answer one's own tool approvals (TOOLS.md §13.5)
+
+
+# `connect` caps this gateway acts on: `tool-events` asks for the `agent` stream `tool` (§13.3)
+CAP_TOOL_EVENTS = "tool-events"
 
 
 # Always matched whole (`fullmatch`): `$` would let a trailing newline through.
@@ -36,6 +50,8 @@ AGENT_ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 RUN_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 MIME_RE = re.compile(r"(image|text)/[A-Za-z0-9.+-]+")
 MESSAGE_ID_RE = re.compile(r"[0-9]{1,19}")
+APPROVAL_ID_RE = re.compile(r"ap_[0-9a-f]{24}")
+APPROVAL_DECISIONS = ("allow-once", "deny")
 # Control characters other than tab, LF and CR are stripped from messages.
 CONTROL_RE = re.compile(r"[\x01-\x08\x0b\x0c\x0e-\x1f\x7f]")
 FRAME_KEYS = {"type", "id", "method", "params"}
@@ -138,11 +154,13 @@ def _frame_error(message: str, rid: str | None, **details: Any) -> ProtocolError
     return err
 
 
-def response_ok(rid: str, payload: dict[str, Any]) -> dict[str, Any]:
+def response_ok(rid: str, payload: dict[str, Any] | list[Any]) -> dict[str, Any]:
     return {"type": "res", "id": rid, "ok": True, "payload": payload}
 
 
-def response_error(rid: str, error: dict[str, Any], payload: dict[str, Any] | None = None) -> dict[str, Any]:
+def response_error(
+    rid: str, error: dict[str, Any], payload: dict[str, Any] | list[Any] | None = None
+) -> dict[str, Any]:
     frame: dict[str, Any] = {"type": "res", "id": rid, "ok": False, "error": error}
     if payload is not None:
         frame["payload"] = payload
@@ -449,3 +467,15 @@ def parse_agent(params: dict[str, Any]) -> ChatSendParams:
         "queueMode": params.get("queueMode"),
     }
     return parse_chat_send({k: v for k, v in mapped.items() if v is not None})
+
+
+def parse_approval_resolve(params: dict[str, Any]) -> tuple[str, str]:
+    """`plugin.approval.resolve {id, decision}` (TOOLS.md §13.5): the approval id and the decision."""
+    approval_id = get_str(params, "id", max_len=64)
+    assert approval_id is not None
+    if not APPROVAL_ID_RE.fullmatch(approval_id):
+        raise ProtocolError("NOT_FOUND", "approval not found")  # no such id can exist: as for another user's
+    decision = get_str(params, "decision", max_len=32)
+    if decision not in APPROVAL_DECISIONS:
+        raise invalid("decision must be allow-once or deny", field="decision")
+    return approval_id, decision

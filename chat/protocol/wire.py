@@ -6,6 +6,7 @@ UUIDs and datetimes), so anything returned can go straight through a channel lay
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from typing import Any
 
 from sessions_app import gateway_reads, statements
 from sessions_app.lifecycle.runs import SendOutcome
-from sessions_app.models import OPEN_STATES, ChatSession, Message, Run, RunState, SessionStatus
+from sessions_app.models import OPEN_STATES, ChatSession, Message, Run, RunState, SessionStatus, ToolApproval, ToolCall
 
 
 class AckStatus(StrEnum):
@@ -155,6 +156,8 @@ def session_row(session: ChatSession, queued: Sequence[str]) -> dict[str, Any]:
         "runtimeMs": runtime,
         "abortedLastRun": session.aborted_last_run,
         "lastRunError": session.last_run_error or None,
+        # TOOLS.md §13.2: "approval" while an approval of its run waits for a decision
+        "waitingFor": (session.waiting_for or None) if running else None,
         "version": session.version,
         "createdAt": ms(session.created_at),
         "updatedAt": ms(session.updated_at),
@@ -303,11 +306,48 @@ def ack_payload(run: Run | None, status: AckStatus, session_key: str, session_id
 # --- history and lists ----------------------------------------------------------------------------
 
 
-def message_item(msg: Message, runs: dict[int, Run]) -> dict[str, Any]:
+def message_items(msg: Message, runs: dict[int, Run], tools: dict[int, list[ToolCall]]) -> list[dict[str, Any]]:
+    """A transcript message; an assistant reply with tool calls also gets its `toolResult` messages (§13.4)."""
+    calls = tools.get(msg.run_id, []) if msg.run_id is not None and msg.role == "assistant" else []
+    item = message_item(msg, runs, calls)
+    return [item, *(tool_result_message(c, item) for c in calls)]
+
+
+def assistant_content(text: str, calls: Sequence[ToolCall]) -> list[dict[str, Any]]:
+    """The reply's text blocks with its calls' `toolCall` blocks where they came in the text."""
+    content: list[dict[str, Any]] = []
+    at = 0
+    for call in calls:
+        cut = min(max(call.reply_offset, at), len(text))
+        if text[at:cut]:
+            content.append({"type": "text", "text": text[at:cut]})
+        at = cut
+        content.append({"type": "toolCall", "id": call.call_id, "name": call.name, "arguments": tool_args(call)})
+    if text[at:] or not content:
+        content.append({"type": "text", "text": text[at:]})
+    return content
+
+
+def tool_result_message(call: ToolCall, reply: dict[str, Any]) -> dict[str, Any]:
+    """A call's result as a transcript message (OpenClaw's `toolResult`)."""
+    return {
+        "id": call.call_id,
+        "role": "toolResult",
+        "toolCallId": call.call_id,
+        "toolName": call.name,
+        "content": tool_content(call.result),
+        "isError": call.is_error,
+        "status": call.state,
+        "timestamp": ms(call.ended_at) or reply["timestamp"],
+        **({"runId": reply["runId"]} if "runId" in reply else {}),
+    }
+
+
+def message_item(msg: Message, runs: dict[int, Run], calls: Sequence[ToolCall] = ()) -> dict[str, Any]:
     item: dict[str, Any] = {
         "id": str(msg.pk),
         "role": msg.role,
-        "content": [{"type": "text", "text": msg.text}],
+        "content": assistant_content(msg.text, calls) if calls else [{"type": "text", "text": msg.text}],
         "timestamp": ms(msg.created_at),
     }
     run = runs.get(msg.run_id) if msg.run_id is not None else None
@@ -325,13 +365,15 @@ def history(session: ChatSession, transcript: gateway_reads.Transcript) -> dict[
     payload: dict[str, Any] = {
         "sessionKey": session.key,
         "sessionId": str(session.session_id),
-        "messages": [message_item(m, transcript.runs) for m in transcript.messages],
+        "messages": [item for m in transcript.messages for item in message_items(m, transcript.runs, transcript.tools)],
         "hasMore": transcript.has_more,
         "session": session_row(session, [r.run_id for r in transcript.queued]),
     }
     active = transcript.active
     if active is not None:
         payload["inFlightRun"] = {"runId": active.run_id, "seq": active.stream_seq, "text": active.reply}
+        if active.pk in transcript.tools:
+            payload["inFlightRun"]["tools"] = [tool_item(c) for c in transcript.tools[active.pk]]
     # Not in the spec: the queued messages themselves, so a reloaded page can show them.
     payload["queuedRuns"] = [
         {"runId": r.run_id, "text": r.message, "position": i + 1} for i, r in enumerate(transcript.queued)
@@ -363,3 +405,107 @@ def session_list(page: gateway_reads.SessionPage, offset: int) -> dict[str, Any]
         "nextOffset": offset + len(rows) if has_more else None,
         "sessions": rows,
     }
+
+
+# --- tools (TOOLS.md §13) -------------------------------------------------------------------------
+
+
+def tool_args(call: ToolCall) -> Any:
+    """A call's arguments as the model sent them: the object, or the text when it is not valid JSON."""
+    try:
+        return json.loads(call.arguments) if call.arguments else {}
+    except ValueError:
+        return call.arguments
+
+
+def tool_content(text: str) -> list[dict[str, str]]:
+    return [{"type": "text", "text": text}]
+
+
+def tool_start_data(call: ToolCall) -> dict[str, Any]:
+    return {"phase": "start", "name": call.name, "toolCallId": call.call_id, "args": tool_args(call)}
+
+
+def tool_result_data(call: ToolCall) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "phase": "result",
+        "name": call.name,
+        "toolCallId": call.call_id,
+        "isError": call.is_error,
+        "status": call.state,
+        "result": {"content": tool_content(call.result)},
+    }
+    if call.started_at is not None and call.ended_at is not None:
+        data["meta"] = {"durationMs": max(0, int((call.ended_at - call.started_at).total_seconds() * 1000))}
+    return data
+
+
+def agent_event(run: Run, session_key: str, seq: int, stream: str, data: dict[str, Any]) -> dict[str, Any]:
+    """An `agent` event payload (§12.3) of a stream other than the ones derived from `chat` events."""
+    return {
+        "runId": run.run_id,
+        "sessionKey": session_key,
+        "sessionId": str(run.session_generation),
+        "agentId": session_key.split(":", 2)[1],
+        "stream": stream,
+        "data": data,
+        "seq": seq,
+        "ts": now_ms(),
+    }
+
+
+def approval_data(approval: ToolApproval, call: ToolCall) -> dict[str, Any]:
+    """The `agent` stream `approval` data of an approval's request or resolution."""
+    return {
+        "phase": "resolved" if approval.decision else "requested",
+        "approvalId": approval.approval_id,
+        "toolCallId": call.call_id,
+        "status": approval.decision or "pending",
+    }
+
+
+def approval_request(approval: ToolApproval, call: ToolCall, run: Run, session_key: str) -> dict[str, Any]:
+    """A `plugin.approval.requested` payload (and an item of `plugin.approval.list`)."""
+    args = call.arguments if len(call.arguments) <= 2000 else call.arguments[:2000] + "…"
+    return {
+        "id": approval.approval_id,
+        "request": {
+            "title": f"Run {call.name}?",
+            "description": f"The agent wants to call {call.name} with {args or '{}'}",
+            "severity": "warning",
+            "toolName": call.name,
+            "toolCallId": call.call_id,
+            "mcpTool": {"server": call.server, "tool": call.tool},
+            "allowedDecisions": ["allow-once", "deny"],
+            "agentId": session_key.split(":", 2)[1],
+            "sessionKey": session_key,
+            "runId": run.run_id,
+        },
+        "createdAtMs": ms(approval.created_at),
+        "expiresAtMs": ms(approval.expires_at),
+    }
+
+
+def approval_resolved(approval: ToolApproval, call: ToolCall, run: Run, session_key: str) -> dict[str, Any]:
+    """A `plugin.approval.resolved` payload (and `plugin.approval.resolve`'s answer)."""
+    return {
+        "id": approval.approval_id,
+        "decision": approval.decision,
+        "resolvedBy": approval.decided_by,
+        "ts": ms(approval.resolved_at),
+        "request": approval_request(approval, call, run, session_key)["request"],
+    }
+
+
+def tool_item(call: ToolCall) -> dict[str, Any]:
+    """One call of a run still open (`inFlightRun.tools`)."""
+    item: dict[str, Any] = {
+        "toolCallId": call.call_id,
+        "name": call.name,
+        "args": tool_args(call),
+        "status": call.state,
+    }
+    if call.is_terminal:
+        item["isError"] = call.is_error
+        item["result"] = {"content": tool_content(call.result)}
+    return item

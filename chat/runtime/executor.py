@@ -22,6 +22,7 @@ from chat.delivery.broadcaster import broadcaster, chat_message
 from chat.protocol import wire
 from chat.runtime.backends import BackendError, BackendTimeout, DispatchError, RunContext, capped, get_backend
 from chat.runtime.db import db_read, db_write
+from chat.runtime.tools.host import ToolHost, config_error, tool_config
 from chat.web import metrics
 from gatewayproject import logs
 from sessions_app import gateway_reads
@@ -133,6 +134,20 @@ class RunExecutor:
                 if not events:
                     del self.waiters[run_pk]
 
+    async def wait_change(self, run_pk: int, timeout: float) -> None:
+        """Until the run (or one of its tool calls or approvals) changes here, or `timeout` passes."""
+        event = asyncio.Event()
+        self.waiters.setdefault(run_pk, set()).add(event)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout)
+        finally:
+            events = self.waiters.get(run_pk)
+            if events is not None:
+                events.discard(event)
+                if not events:
+                    del self.waiters[run_pk]
+
     # --- execution ------------------------------------------------------------------------------
 
     async def _execute(self, run_pk: int, committed: Run | None = None) -> None:
@@ -150,6 +165,8 @@ class RunExecutor:
             window = backend.context_messages if backend is not None else 0
             transcript = await db_read(_transcript, run, window) if window else []
             ctx = _context_for(run, transcript)
+            if config_error(ctx.agent) is None:  # a bad one failed the send before its ack
+                ctx.tools = ToolHost(run, run.session.agent_id, tool_config(ctx.agent), self.wait_change)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -307,11 +324,32 @@ async def _aclose(stream: Any) -> None:
 
 
 def _transcript(run: Run, window: int) -> list[dict[str, Any]]:
-    """The newest `window` messages of the run's generation (as much as its backend reads)."""
-    return [
-        {"role": m.role, "text": m.text, "aborted": m.aborted, "run": m.run_id}
-        for m in gateway_reads.context_messages(run, limit=window)
-    ]
+    """The newest `window` messages of the run's generation (as much as its backend reads).
+
+    An assistant message of a run that called tools carries them (`tools`: id, the model's
+    function name, arguments, result, status and where in the text each came), so the model
+    is sent its calls and their results again rather than calling again to learn them.
+    """
+    messages = gateway_reads.context_messages(run, limit=window)
+    calls = gateway_reads.tool_calls_of({m.run_id for m in messages if m.role == "assistant" and m.run_id})
+    out = []
+    for m in messages:
+        item: dict[str, Any] = {"role": m.role, "text": m.text, "aborted": m.aborted, "run": m.run_id}
+        if m.role == "assistant" and m.run_id in calls:
+            item["tools"] = [
+                {
+                    "id": c.call_id,
+                    "name": f"{c.server}__{c.tool}" if c.server else c.tool,
+                    "arguments": c.arguments,
+                    "result": c.result,
+                    "status": c.state,
+                    "step": c.step,
+                    "offset": c.reply_offset,
+                }
+                for c in calls[m.run_id]
+            ]
+        out.append(item)
+    return out
 
 
 def _context_for(run: Run, transcript: list[dict[str, Any]]) -> RunContext:

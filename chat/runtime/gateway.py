@@ -22,6 +22,7 @@ from chat.runtime.db import db_write
 from chat.runtime.executor import RunExecutor
 from chat.runtime.registry import connections
 from chat.runtime.supervisor import Supervisor
+from chat.runtime.tools.servers import close_pool
 from sessions_app import process
 
 log = logging.getLogger(__name__)
@@ -112,6 +113,7 @@ class GatewayRuntime:
         await self.supervisor.stop()
         await self.hub.stop()
         await self.executor.stop()
+        await close_pool()  # no MCP server outlives the runtime that started it
         await broadcaster.stop()
         self.connections.clear()
         self.loop = None

@@ -42,3 +42,9 @@ def run_changed(run_pk: int) -> None:
     """Wake local waiters (chat.send waitMs)."""
     if runtime.running:
         runtime.call_soon(runtime.executor.notify, run_pk)
+
+
+def tool_changed(call_pk: int, run_pk: int) -> None:
+    """A tool call or approval changed: wake what waits on its run here (a runner awaiting a decision)."""
+    if runtime.running:
+        runtime.call_soon(runtime.executor.notify, run_pk)

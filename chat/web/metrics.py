@@ -76,6 +76,17 @@ TIME_TO_FIRST_TOKEN = Histogram(
 TOKENS = Counter(
     "agentgate_tokens", "Tokens reported by backends, by agent and kind (prompt, completion).", ["agent", "kind"]
 )
+TOOL_CALLS = Counter(
+    "agentgate_tool_calls",
+    "Tool calls that reached their terminal state (committed in this process), by server, status and error kind.",
+    ["server", "status", "error_kind"],
+)
+TOOL_CALL_SECONDS = Histogram(
+    "agentgate_tool_call_seconds",
+    "From a tool call's start (running) to its terminal state, by server and status.",
+    ["server", "status"],
+    buckets=RUN_BUCKETS,
+)
 WS_CLOSES = Counter("agentgate_websocket_closes", "WebSocket connections closed, by close code.", ["code"])
 CHANNEL_LAYER_FAILURES = Counter(
     "agentgate_channel_layer_failures", "Channel-layer operations that failed, by where they happened.", ["where"]
@@ -117,3 +128,10 @@ def first_token(agent_id: str, dispatched_at: Any) -> None:
     if dispatched_at is None:
         return
     TIME_TO_FIRST_TOKEN.labels(agent_id).observe(max(0.0, (timezone.now() - dispatched_at).total_seconds()))
+
+
+def tool_call_ended(server: str, status: str, error_kind: str, seconds: float | None) -> None:
+    """A tool call's terminal state committed (called on commit)."""
+    TOOL_CALLS.labels(server or "-", status, error_kind or "-").inc()
+    if seconds is not None:
+        TOOL_CALL_SECONDS.labels(server or "-", status).observe(seconds)

@@ -16,15 +16,16 @@ from typing import Any
 from django.utils import timezone
 
 from chat.delivery import agent_events
-from chat.delivery.messages import SessionMessage
+from chat.delivery.messages import SessionMessage, ToolMessage
 from chat.protocol import wire
-from chat.protocol.frames import Scope
+from chat.protocol.frames import CAP_TOOL_EVENTS, Scope
 
 MAX_TRACKED_RUNS = 2000
 # An event of a run unknown here written this long before the connection opened is not its news
 # (some slack for the clocks of the processes, which write events and open connections).
 STALE_EVENT_SECONDS = 2.0
 MAX_TRACKED_ROWS = 5000
+MAX_TRACKED_TOOLS = 2000
 Event = tuple[str, dict[str, Any]]
 
 
@@ -56,6 +57,15 @@ class RowSeen:
 
 
 @dataclass
+class ToolView:
+    """What this connection has delivered of one tool call (or approval): started, ended."""
+
+    run_pk: int
+    started: bool = False
+    done: bool = False
+
+
+@dataclass
 class ConnectionState:
     """The per-connection view: identity, subscription, and the run and row filters."""
 
@@ -69,6 +79,9 @@ class ConnectionState:
     connected_at: datetime = field(default_factory=timezone.now)
     runs: OrderedDict[int, RunView] = field(default_factory=OrderedDict)
     rows: OrderedDict[int, RowSeen] = field(default_factory=OrderedDict)
+    caps: frozenset[str] = frozenset()
+    tools: OrderedDict[str, ToolView] = field(default_factory=OrderedDict)  # by toolCallId
+    approvals: OrderedDict[str, ToolView] = field(default_factory=OrderedDict)  # by approval id
 
     @property
     def is_admin(self) -> bool:
@@ -143,6 +156,50 @@ class ConnectionState:
         while len(self.rows) > MAX_TRACKED_ROWS:
             self.rows.popitem(last=False)
         return True
+
+    def tool_events(self, message: ToolMessage) -> list[Event]:
+        """The events of a tool message that are news here: each call's start once, its result once
+        (even after its run's terminal, or without a start), approvals once requested and once resolved.
+
+        The `agent` stream goes to connections that declared the cap `tool-events`; the
+        `plugin.approval.*` events to the owner's connections holding `operator.approvals`.
+        """
+        if CAP_TOOL_EVENTS not in self.caps and Scope.APPROVALS not in self.scopes:
+            return []  # nothing of it is for this connection (and nothing to track for repair)
+        event = message["event"]
+        is_approval = event.startswith("approval")
+        ident = message["agent"]["data"]["approvalId"] if is_approval else message["call"]
+        seen = self.approvals if is_approval else self.tools
+        view = seen.get(ident)
+        if event == "update":
+            news = view is not None and view.started and not view.done
+        elif event in ("result", "approval.resolved"):
+            news = view is None or not view.done
+        else:
+            news = view is None
+        if not news:
+            return []
+        if view is None:
+            view = seen[ident] = ToolView(int(message["run"]))
+            while len(seen) > MAX_TRACKED_TOOLS:
+                seen.popitem(last=False)
+        if event != "update":
+            view.started = True
+            view.done = event in ("result", "approval.resolved")
+        events: list[Event] = []
+        if CAP_TOOL_EVENTS in self.caps:
+            events.append(("agent", message["agent"]))
+        plugin = message.get("plugin")
+        if plugin is not None and Scope.APPROVALS in self.scopes and int(message["owner"]) == self.user_id:
+            events.append(("plugin.approval.resolved" if view.done else "plugin.approval.requested", plugin))
+        return events
+
+    def open_tool_ids(self) -> tuple[list[str], list[str]]:
+        """The calls and approvals this connection saw begin and not end (repair asks after them)."""
+        return (
+            [i for i, v in self.tools.items() if not v.done],
+            [i for i, v in self.approvals.items() if not v.done],
+        )
 
     def open_run_pks(self) -> list[int]:
         return [pk for pk, view in self.runs.items() if not view.terminal]

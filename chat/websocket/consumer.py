@@ -19,7 +19,15 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from chat.delivery import groups
-from chat.delivery.messages import OPERATORS_VIA, AccessMessage, ChatMessage, GatewayMessage, SessionMessage, untyped
+from chat.delivery.messages import (
+    OPERATORS_VIA,
+    AccessMessage,
+    ChatMessage,
+    GatewayMessage,
+    SessionMessage,
+    ToolMessage,
+    untyped,
+)
 from chat.methods import handlers
 from chat.protocol import frames, wire
 from chat.protocol.frames import ProtocolError, encode, invalid
@@ -187,7 +195,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         if reply.error is not None:
             await self._send_frame(frames.response_error(rid, reply.error, reply.payload))
         else:
-            await self._send_frame(frames.response_ok(rid, reply.payload or {}))
+            await self._send_frame(frames.response_ok(rid, reply.payload if reply.payload is not None else {}))
 
     # --- handshake ---------------------------------------------------------------------------------
 
@@ -225,6 +233,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         state.user_id, state.username, staff = identity
         self.identity = access.Identity(self.token_hash, access.session_digest(self.session_key))
         state.scopes = handshake.granted_scopes(params.requested_scopes, staff=staff)
+        state.caps = params.caps
         state.authed = True
         await self.join_group(groups.user_group(state.user_id))
         runtime.connections.add(self)
@@ -292,6 +301,12 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             # then its `agent` events (§12), per connection: what this one has had of the reply
             _chat, *followers = state.follow(run_pk, message["payload"], message.get("agent"))
             await self.send_events(followers)
+
+    async def gateway_tool(self, message: ToolMessage) -> None:
+        """A tool call's or approval's events (TOOLS.md §13.3, §13.5), to those entitled to them."""
+        state = self.state
+        if state.authed and state.may_see(int(message["owner"]), via_operators=message.get("via") == OPERATORS_VIA):
+            await self.send_events(state.tool_events(message))
 
     async def gateway_session(self, message: SessionMessage) -> None:
         """A sessions.changed from the layer (encoded: see `delivery.session_message`)."""

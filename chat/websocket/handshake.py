@@ -21,6 +21,7 @@ class ConnectParams:
     token: str | None
     has_token: bool
     requested_scopes: list[Any] | None
+    caps: frozenset[str] = frozenset()
 
 
 class HandshakeError(Exception):
@@ -55,17 +56,24 @@ def parse_connect(params: dict[str, Any]) -> ConnectParams:
     has_token = isinstance(auth, dict) and "token" in auth and auth["token"] is not None
     token = auth.get("token") if has_token and isinstance(auth, dict) else None
     requested = params.get("scopes")
+    caps = params.get("caps")
     return ConnectParams(
         token=token if isinstance(token, str) else None,
         has_token=has_token,
         requested_scopes=requested if isinstance(requested, list) and requested else None,
+        caps=frozenset(c for c in caps if isinstance(c, str)) if isinstance(caps, list) else frozenset(),
     )
 
 
 def granted_scopes(requested: list[Any] | None, *, staff: bool) -> list[str]:
-    """Read and write for every user, admin for staff; narrowed to what the client asked for."""
+    """Read and write for every user, admin for staff; narrowed to what the client asked for.
+
+    `operator.approvals` (one's own tool approvals, TOOLS.md §13.5) goes to every user who asks for it.
+    """
     allowed = [Scope.READ.value, Scope.WRITE.value] + ([Scope.ADMIN.value] if staff else [])
-    return allowed if requested is None else [s for s in allowed if s in requested]
+    if requested is None:
+        return allowed
+    return [s for s in [*allowed, Scope.APPROVALS.value] if s in requested]
 
 
 def hello_ok(*, conn_id: str, scopes: list[str], username: str, methods: list[str]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from sessions_app import signals, statements
+from sessions_app.lifecycle import toolstate
 from sessions_app.models import (
     ACTIVE_STATES,
     TERMINAL_STATES,
@@ -35,7 +36,15 @@ REASON_FOR_STATE = {
 }
 REASON_FOR_STOP = {"steer": "steer", "reset": "run.aborted", "delete": "run.aborted", "operator": "operator"}
 # the row fields a run's outcome writes (see `take_outcome`)
-OUTCOME_FIELDS = ("active_run", "status", "last_run", "ended_at", "aborted_last_run", "last_run_error")
+OUTCOME_FIELDS = (
+    "active_run",
+    "status",
+    "last_run",
+    "ended_at",
+    "aborted_last_run",
+    "last_run_error",
+    "waiting_for",
+)
 
 
 class LifecycleError(Exception):
@@ -118,6 +127,7 @@ def take_outcome(session: ChatSession, run: Run | None) -> None:
     Every writer of the outcome fields (terminal transitions, a send failed before its ack,
     reset, operator repairs) goes through here, so the row cannot say one thing per path.
     """
+    session.waiting_for = ""  # nothing of an ended run waits for anyone
     if run is None:
         session.status = None
         session.last_run = None
@@ -141,6 +151,7 @@ def _activate(session: ChatSession, run: Run) -> None:
     session.ended_at = None
     session.aborted_last_run = False
     session.last_run_error = ""
+    session.waiting_for = ""
     save_row(session, "started_at", *OUTCOME_FIELDS)
     if run.session_generation == session.session_id:
         statements.insert(
@@ -203,12 +214,20 @@ def transition(
     terminal = to_state in TERMINAL_STATES
     if terminal:
         updates["ended_at"] = now
+        if run.tool_calls:
+            # its open calls and approvals end with it, their events before its own (TOOLS.md §13.2)
+            toolstate.close_open(
+                run, session, to_state=to_state, stop_reason=str(values.get("stop_reason", "")), actor=actor
+            )
     elif to_state == RunState.RUNNING:
         updates["started_at"] = now
     elif to_state == RunState.DISPATCHING:
         updates["dispatched_at"] = now
         updates["owner_process"] = owner_process
     if not _compare_and_set(run, to_state, updates):
+        if terminal and run.tool_calls:
+            # Cannot happen under the session lock; if it did, the calls closed above must not stand.
+            raise RuntimeError(f"run {run.pk} changed under its session lock")
         return False
 
     if not terminal:
@@ -236,7 +255,11 @@ def transition(
         save_row(session)  # queuedRunIds changed
         changed = True
 
-    if current_generation and from_state in ACTIVE_STATES and (to_state == RunState.DONE or run.reply):
+    if (
+        current_generation
+        and from_state in ACTIVE_STATES
+        and (to_state == RunState.DONE or run.reply or run.tool_calls)
+    ):
         # The reply joins the transcript; partial text of an aborted, failed or timed-out run is kept, marked.
         statements.insert(
             Message(

@@ -117,3 +117,11 @@ def is_row_message(message: dict[str, Any]) -> bool:
 
 def is_terminal_message(message: dict[str, Any]) -> bool:
     return message["type"] == "gateway.chat" and message["state"] in ("final", "error", "aborted")
+
+
+@database_sync_to_async
+def open_tool_calls() -> int:
+    """Tool calls not in a terminal state (none may outlive its run)."""
+    from sessions_app.models import TOOL_OPEN_STATES, ToolCall
+
+    return ToolCall.objects.filter(state__in=TOOL_OPEN_STATES).count()

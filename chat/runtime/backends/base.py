@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from chat.runtime.tools.host import ToolHost
 from chat.websocket import outbound
 
 
@@ -48,6 +49,7 @@ class RunContext:
     stop_reason: str = "stop"
     usage: dict[str, int] | None = None
     cancel_ms: int | None = None  # how long releasing its work took, when it timed out
+    tools: ToolHost | None = None  # the run's tools (TOOLS.md §13); None when the agent's settings are bad
 
 
 class AgentBackend(ABC):
@@ -63,6 +65,10 @@ class AgentBackend(ABC):
     def check_setup(self, message: str, attachments: list[dict[str, Any]]) -> str | None:
         """Return an error text when this send cannot be accepted at all (§4 'fail before the ack')."""
         return None
+
+    def uses_tools(self, message: str) -> bool:
+        """Whether this run will reach the agent's MCP servers (they are checked before the ack)."""
+        return bool(self.config.get("mcp_servers"))
 
     @abstractmethod
     async def start(self, ctx: RunContext) -> AsyncIterator[str]:

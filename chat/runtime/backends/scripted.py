@@ -5,12 +5,16 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from chat.runtime.backends.base import AgentBackend, BackendError, DispatchError, RunContext
+from chat.runtime.tools.host import ModelCall
 
 DIRECTIVE_RE = re.compile(r"\[\[(delay|tick|words|fail|hang|verbatim)(?::([A-Za-z0-9]+))?\]\]")
+# [[tool:NAME.tool {"json": "args"}]] (TOOLS.md §13.8): the arguments end at the first `}]]`
+TOOL_RE = re.compile(r"\[\[tool:([A-Za-z0-9_.-]{1,200})(?:\s+(\{.*?\}))?\]\]", re.DOTALL)
+MAX_TOOL_DIRECTIVES = 32
 
 # Directives are clamped to these (a demo agent must not be a way to hold memory or a
 # run slot for ever); the reply is streamed as it is made, never built up front.
@@ -29,11 +33,14 @@ class Script:
     fail: str | None = None
     hang: bool = False
     verbatim: bool = False  # keep the text's line breaks and spacing (Markdown demos)
+    tools: list[tuple[str, str]] = field(default_factory=list)  # [[tool:...]]: (NAME.tool, arguments JSON)
 
 
 def parse_script(message: str) -> Script:
     """Split directives out of `message`; what is left (whitespace folded) is the text."""
     script = Script(text="")
+    script.tools = [(name, args or "{}") for name, args in TOOL_RE.findall(message)[:MAX_TOOL_DIRECTIVES]]
+    message = TOOL_RE.sub(" ", message)
     for name, arg in DIRECTIVE_RE.findall(message):
         if name == "delay" and _digits(arg):
             script.delay_ms = min(int(arg), MAX_DELAY_MS)
@@ -98,6 +105,9 @@ class ScriptedBackend(AgentBackend):
             return "scripted agent refused the run during setup ([[fail:setup]])"
         return None
 
+    def uses_tools(self, message: str) -> bool:
+        return bool(TOOL_RE.search(message)) and super().uses_tools(message)
+
     async def start(self, ctx: RunContext) -> AsyncIterator[str]:
         script = parse_script(ctx.message)
         if script.delay_ms:
@@ -109,8 +119,18 @@ class ScriptedBackend(AgentBackend):
     async def _stream(self, script: Script, ctx: RunContext) -> AsyncIterator[str]:
         if script.hang:
             await asyncio.Event().wait()  # never produces output; abort or timeout ends it
+        results: list[str] = []
+        if script.tools:
+            # one step of calls, through the same path as a model's (approval included)
+            if ctx.tools is None:
+                raise BackendError("the agent's tool settings are not valid", kind="backend")
+            calls = [ModelCall(f"call_{i + 1}", name, args) for i, (name, args) in enumerate(script.tools)]
+            done = await ctx.tools.run_calls(1, calls, reply_offset=0)
+            results = [r.text for r in done]
+            if ctx.tools.limit_reached:
+                ctx.stop_reason = "tool_limit"
         chunks = 0
-        for i, word in enumerate(reply_words(script, ctx.attachments)):
+        for i, word in enumerate([*reply_words(script, ctx.attachments), *(f" {text}" for text in results)]):
             if i:
                 await asyncio.sleep(script.tick_ms / 1000)
             yield word
