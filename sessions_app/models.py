@@ -58,7 +58,7 @@ class ChatSession(models.Model):
     aborted_last_run = models.BooleanField(default=False)
     last_run_error = models.TextField(blank=True, default="")
     # "approval" while an approval of the active run is pending (TOOLS.md §13.2 `waitingFor`), else ""
-    waiting_for = models.CharField(max_length=16, blank=True, default="")
+    waiting_for = models.CharField(max_length=16, blank=True, default="", db_default="")
     version = models.BigIntegerField(default=1)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -104,7 +104,7 @@ class Run(models.Model):
     completion_tokens = models.IntegerField(null=True, blank=True)
     cancel_ms = models.IntegerField(null=True, blank=True)
     # how many tool calls the run recorded: its terminal transition looks for open calls only when > 0
-    tool_calls = models.IntegerField(default=0)
+    tool_calls = models.IntegerField(default=0, db_default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     dispatched_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
