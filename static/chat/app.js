@@ -3,6 +3,7 @@
 
 import { GatewayClient } from "./client.js";
 import { renderMarkdown } from "./markdown.js";
+import { createToolCard, updateCountdown, updateToolCard } from "./toolcard.js";
 import { coalesce, updateKeyed } from "./util.js";
 import {
   activity,
@@ -12,6 +13,7 @@ import {
   failureText,
   formatDetails,
   initialState,
+  needsApproval,
   outbox,
   reduce,
   retryTarget,
@@ -115,6 +117,8 @@ const page = {
   msgEls: new Map(), // conversation item id -> its message row, for the session `renderedKey`
   renderedKey: null, // the session whose messages are in the DOM
   renderedAgents: null, // the `state.agents` the agent picker was last built from
+  countdownTimer: null, // ticks the approval countdowns once a second while one is shown
+  revealApproval: null, // a session opened from its "needs approval" row: scroll its pending approval into view
 };
 
 // --- store ---------------------------------------------------------------------------------------
@@ -145,6 +149,9 @@ function runEffect(eff) {
     case "flush":
       flushOutbox();
       break;
+    case "approvals":
+      requestApprovals();
+      break;
     case "retry":
       setTimeout(flushOutbox, eff.afterMs);
       break;
@@ -170,7 +177,8 @@ const client = new GatewayClient({
   },
   onConnecting: () => dispatch({ type: "conn/connecting" }),
   onOpen: () => dispatch({ type: "conn/open" }),
-  onEvent: (frame) => dispatch({ type: "event", frame }),
+  // `at`: the page's clock when the frame arrived (approval countdowns, the server's clock offset).
+  onEvent: (frame) => dispatch({ type: "event", frame, at: Date.now() }),
   onReady: (hello) => {
     // Subscribe before anything is read, so no change between the read and the subscription is missed.
     client.request("sessions.subscribe", {}).catch(() => {});
@@ -251,6 +259,33 @@ const requestMoreSessions = coalesce(
   },
   { again: false },
 );
+
+// Pending approvals (TOOLS.md §13.5), after every (re)connect and seq gap: the answer replaces what the page holds.
+const requestApprovals = coalesce(() => {
+  if (!client.ready) return null;
+  const token = state.tick;
+  return client
+    .request("plugin.approval.list", {})
+    .then((res) => {
+      if (res.ok) dispatch({ type: "approvals/listed", token, at: Date.now(), payload: res.payload });
+    })
+    .catch(() => {});
+});
+
+/** Send a decision (`allow-once` or `deny`) for approval `id`; the card shows the decision the gateway recorded. */
+async function decideApproval(id, decision) {
+  const approval = state.approvals[id];
+  if (!approval || approval.status !== "pending" || approval.sending) return;
+  dispatch({ type: "approval/sending", id, decision });
+  let response;
+  try {
+    response = await client.request("plugin.approval.resolve", { id, decision });
+  } catch (error) {
+    dispatch({ type: "approval/answered", id, decision, error });
+    return;
+  }
+  dispatch({ type: "approval/answered", id, decision, response });
+}
 
 function requestAgents() {
   client
@@ -408,7 +443,11 @@ function guarded(what, action) {
 
 function selectSession(key) {
   closeSidebar();
-  if (key === state.currentKey) return;
+  if (needsApproval(state, key)) page.revealApproval = key;
+  if (key === state.currentKey) {
+    scheduleRender();
+    return;
+  }
   page.stickToBottom = true;
   dispatch({ type: "session/select", key });
 }
@@ -629,12 +668,14 @@ function sessionElement(item) {
 }
 
 function updateSessionElement(li, item) {
-  const detail = item.error && (item.status === "failed" || item.status === "timeout")
+  const activityText = item.needsApproval ? "waiting for your approval" : item.status === "running" ? "replying…" : "";
+  const detail = item.error && (item.status === "failed" || item.status === "timeout") && !item.needsApproval
     ? item.error
-    : [item.status === "running" ? "replying…" : "", item.queued ? `${item.queued} queued` : "", item.updatedAt ? formatTime(item.updatedAt) : "new session"]
+    : [activityText, item.queued ? `${item.queued} queued` : "", item.updatedAt ? formatTime(item.updatedAt) : "new session"]
         .filter(Boolean)
         .join(" · ");
   setAttr(li, "data-status", item.status);
+  setAttr(li, "data-waiting", item.needsApproval ? "approval" : "");
   setAttr(li, "data-current", String(item.current));
   setAttr(li, "data-queued", String(item.queued));
   setAttr(li, "title", item.error ? `${item.label}: ${item.error}` : item.key);
@@ -642,7 +683,7 @@ function updateSessionElement(li, item) {
   if (item.current) btn.setAttribute("aria-current", "true");
   else btn.removeAttribute("aria-current");
   setText(btn.children[0], item.label);
-  setText(btn.children[1], STATUS_TEXT[item.status] || item.status);
+  setText(btn.children[1], item.needsApproval ? "needs approval" : STATUS_TEXT[item.status] || item.status);
   setText(btn.children[2], detail);
 }
 
@@ -660,7 +701,7 @@ function renderHeader() {
   setText(els.title, label);
   const parts = [key];
   if (row && row.status && !row.hasActiveRun) parts.push(STATUS_TEXT[row.status] || row.status);
-  if (row && row.hasActiveRun) parts.push("running");
+  if (row && row.hasActiveRun) parts.push(needsApproval(state, key) ? "waiting for approval" : "running");
   if (row && row.lastRunError && (row.status === "failed" || row.status === "timeout") && !row.hasActiveRun) {
     parts.push(row.lastRunError);
   }
@@ -695,6 +736,7 @@ function metaFor(item) {
 }
 
 function messageElement(item) {
+  if (item.role === "tool") return createToolCard(document); // a tool call (toolcard.js)
   // A row holds the message bubble and, under it, its run details and actions. The bubble
   // (`data-testid="message"`) holds only the message and its status line.
   const row = document.createElement("div");
@@ -752,7 +794,13 @@ function renderMessages() {
   const nearBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 80;
   const heightBefore = box.scrollHeight;
   const firstBefore = els.messageList.firstChild;
+  const now = Date.now();
   updateKeyed(els.messageList, page.msgEls, items, (item) => item.id, messageElement, (row, item) => {
+    if (item.role === "tool") {
+      row.dataset.itemId = item.id;
+      updateToolCard(row, item.view, { now });
+      return;
+    }
     const el = row.firstChild;
     const foot = row.lastChild;
     row.dataset.itemId = item.id;
@@ -817,6 +865,32 @@ function renderMessages() {
     box.scrollTop = box.scrollHeight;
   }
   if (conv && conv.loaded && items.length) page.stickToBottom = false;
+  if (page.revealApproval === key && conv && conv.loaded) {
+    // Opened from its "needs approval" row: show the prompt (no focus move: a stray Enter must not decide).
+    const prompt = els.messageList.querySelector('[data-testid="tool-approval"][data-state="pending"]');
+    if (prompt) prompt.scrollIntoView({ block: "center" });
+    page.revealApproval = null;
+  } else if (page.revealApproval && page.revealApproval !== key) {
+    page.revealApproval = null;
+  }
+  syncCountdowns();
+}
+
+const COUNTDOWNS = '[data-testid="approval-countdown"][data-deadline]';
+
+/** Tick the approval countdowns once a second while one is shown (the reducer has no clock). */
+function syncCountdowns() {
+  const any = els.messageList.querySelector(COUNTDOWNS) !== null;
+  if (any && !page.countdownTimer) {
+    page.countdownTimer = setInterval(() => {
+      const now = Date.now();
+      for (const node of els.messageList.querySelectorAll(COUNTDOWNS)) updateCountdown(node, now);
+      syncCountdowns();
+    }, 1000);
+  } else if (!any && page.countdownTimer) {
+    clearInterval(page.countdownTimer);
+    page.countdownTimer = null;
+  }
 }
 
 function renderComposer() {
@@ -830,7 +904,8 @@ function renderComposer() {
     text = "Offline: your message goes out when the connection is back.";
     kind = "warn";
   } else if (act.active) {
-    text = act.queued ? `Replying… · ${act.queued} queued` : "Replying…";
+    const doing = needsApproval(state, state.currentKey) ? "Waiting for your approval…" : "Replying…";
+    text = act.queued ? `${doing} · ${act.queued} queued` : doing;
   } else if (act.queued) {
     text = `${act.queued} queued`;
   } else if (act.pending) {
@@ -890,6 +965,11 @@ els.stop.addEventListener("click", stopRuns);
 els.messageList.addEventListener("click", (ev) => {
   const button = ev.target.closest("button");
   if (!button || !els.messageList.contains(button)) return;
+  if (button.dataset.action === "approve" || button.dataset.action === "deny") {
+    const id = button.dataset.approvalId;
+    if (id) guarded("Approval", decideApproval)(id, button.dataset.action === "approve" ? "allow-once" : "deny");
+    return;
+  }
   if (button.classList.contains("code-copy")) {
     const code = button.closest(".code-block").querySelector("pre code");
     copyText(code ? code.textContent.replace(/\n$/, "") : "", button);

@@ -4,6 +4,15 @@
 
 export const PROTOCOL_VERSION = 4;
 
+/**
+ * Scopes the page asks for in `connect`. Requested scopes are intersected with what the user may
+ * have (admin only for staff), so this is what a browser session got before plus
+ * `operator.approvals` (TOOLS.md §13.5), which is granted only to a client that asks for it.
+ */
+export const DEFAULT_SCOPES = Object.freeze(["operator.read", "operator.write", "operator.admin", "operator.approvals"]);
+/** Capabilities declared in `connect`: `tool-events` gets the `agent` events of tool calls (§13.3). */
+export const DEFAULT_CAPS = Object.freeze(["tool-events"]);
+
 /** Delay before reconnect attempt `attempt` (0-based): exponential, capped, with jitter. */
 export function backoffDelay(attempt, { baseMs = 300, maxMs = 5000, random = Math.random } = {}) {
   const raw = Math.min(maxMs, baseMs * 2 ** Math.min(attempt, 10));
@@ -32,6 +41,8 @@ export class GatewayClient {
    * @param {object} opts
    * @param {string} opts.url WebSocket URL of the gateway
    * @param {object} [opts.client] client block of `connect`
+   * @param {string[]} [opts.scopes] scopes asked for in `connect` (default: DEFAULT_SCOPES)
+   * @param {string[]} [opts.caps] capabilities declared in `connect` (default: DEFAULT_CAPS)
    * @param {(frame: object) => void} [opts.onEvent] every event frame, in order
    * @param {(hello: object) => void} [opts.onReady] handshake done
    * @param {() => void} [opts.onOpen] socket open (before the handshake)
@@ -165,6 +176,8 @@ export class GatewayClient {
       maxProtocol: PROTOCOL_VERSION,
       client: this.opts.client || { id: "agentgate-web", version: "1", platform: "web", mode: "webchat" },
       role: "operator",
+      scopes: [...(this.opts.scopes || DEFAULT_SCOPES)],
+      caps: [...(this.opts.caps || DEFAULT_CAPS)],
     };
     let res;
     try {

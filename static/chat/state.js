@@ -10,6 +10,28 @@
 // it at once; `timeout` / `error` end it, clear the pending state and show the
 // failure. A terminal ack is never followed by events, so nothing may wait for
 // them.
+//
+// Tool calls and approvals (TOOLS.md §13) live in tools.js; this module feeds them the frames and
+// history, and places the tool cards in the conversation.
+
+import {
+  TOOL_TERMINAL,
+  approvalOf,
+  endRunTools,
+  ingestHistory,
+  initialToolState,
+  needsApproval,
+  onAgentEvent,
+  onApprovalAnswered,
+  onApprovalRequested,
+  onApprovalResolved,
+  onApprovalSending,
+  onApprovalsListed,
+  onServerTime,
+  toolCardView,
+} from "./tools.js";
+
+export { formatTimeLeft, needsApproval, pendingApprovals } from "./tools.js";
 
 export const TERMINAL_PHASES = new Set(["final", "error", "aborted"]);
 export const PENDING_PHASES = new Set(["sending", "queued", "started", "streaming"]);
@@ -88,6 +110,7 @@ export function initialState({ currentKey = null, mainKey = "agent:main:main", d
     search: "", // sidebar search (server-side through sessions.list `search`)
     listNext: null, // {search, offset}: where the next page of the sidebar starts, or null
     notice: null,
+    ...initialToolState(), // tools: toolCallId -> call; approvals: id -> approval; clockOffsetMs
     effects: [],
   };
 }
@@ -95,7 +118,7 @@ export function initialState({ currentKey = null, mainKey = "agent:main:main", d
 const runKey = (key, runId) => `${key}|${runId}`;
 
 function emptyConv() {
-  return { loaded: false, loading: false, loadingOlder: false, hasMore: false, sessionId: null, messages: [] };
+  return { loaded: false, loading: false, loadingOlder: false, hasMore: false, sessionId: null, inFlightRunId: null, messages: [] };
 }
 
 /** Duration and token usage of a finished run (`chat` terminal event or history message), or null. */
@@ -164,6 +187,35 @@ function textOf(message) {
     .join("");
 }
 
+/**
+ * A run's reply from the transcript, by run id: `{text, aborted, first, last, toolCallIds}`. With tools a
+ * reply may span several assistant messages (one per model step, TOOLS.md §13.4): their texts are
+ * one reply, a paragraph apart, as its `chat` events carry it; `last` is the last of them.
+ */
+function repliesByRun(messages) {
+  const replies = new Map();
+  for (const m of messages) {
+    if (!m || m.role !== "assistant" || !m.runId) continue;
+    const text = textOf(m) || "";
+    const toolCallIds = toolCallIdsOf(m);
+    const known = replies.get(m.runId);
+    if (!known) {
+      replies.set(m.runId, { text, aborted: Boolean(m.aborted), last: m, first: m, toolCallIds });
+      continue;
+    }
+    known.text = known.text && text ? `${known.text}\n\n${text}` : known.text || text;
+    known.aborted = Boolean(m.aborted);
+    known.last = m;
+    known.toolCallIds.push(...toolCallIds);
+  }
+  return replies;
+}
+
+function toolCallIdsOf(message) {
+  if (!message || !Array.isArray(message.content)) return [];
+  return message.content.filter((b) => b && b.type === "toolCall" && typeof b.id === "string" && b.id).map((b) => b.id);
+}
+
 /** Is `row` newer than `known`? A recreated key (later createdAt) beats any older generation. */
 export function isNewerRow(row, known) {
   if (!known) return true;
@@ -209,7 +261,7 @@ function putRun(s, run) {
 
 function effect(s, eff) {
   if (eff.type === "history" && s.effects.some((e) => e.type === "history" && e.key === eff.key)) return;
-  if (eff.type === "list" && s.effects.some((e) => e.type === "list")) return;
+  if ((eff.type === "list" || eff.type === "approvals") && s.effects.some((e) => e.type === eff.type)) return;
   s.effects.push(eff);
 }
 
@@ -241,7 +293,9 @@ function restoreDraft(s, run) {
 function settle(s, run, phase, fields, by) {
   let next = { ...run, ...fields, phase, settledBy: by, position: null };
   if (phase === "error") next = restoreDraft(s, next);
-  return putRun(s, next);
+  putRun(s, next);
+  endRunTools(s, next.key, next.id); // no tool card spins after its run ended
+  return next;
 }
 
 // --- acks ----------------------------------------------------------------------------------
@@ -492,6 +546,12 @@ function removeSession(s, key, row) {
   const runs = {};
   for (const [k, r] of Object.entries(s.runs)) if (r.key !== key) runs[k] = r;
   s.runs = runs;
+  const tools = {};
+  for (const [id, call] of Object.entries(s.tools)) if (call.key !== key) tools[id] = call;
+  s.tools = tools;
+  const approvals = {};
+  for (const [id, a] of Object.entries(s.approvals)) if (a.key !== key) approvals[id] = a;
+  s.approvals = approvals;
   if (s.currentKey === key) {
     const next = sortedRows(s)[0];
     s.currentKey = next ? next.key : s.mainKey;
@@ -508,28 +568,51 @@ function sortedRows(s) {
 
 // --- history ---------------------------------------------------------------------------------------
 
+/**
+ * `messages` whose place is before message id `limit`. A `toolResult` item's id is its call's id (not a
+ * number): it sits with the assistant message before it, so it goes wherever that message goes.
+ */
+function messagesBefore(messages, limit) {
+  let anchor = -Infinity;
+  return messages.filter((m) => {
+    const id = Number(m.id);
+    if (Number.isFinite(id)) anchor = id;
+    return anchor < limit;
+  });
+}
+
+/** The first numeric message id of `messages` (Infinity when there is none). */
+function firstMessageId(messages) {
+  for (const m of messages) {
+    const id = Number(m.id);
+    if (Number.isFinite(id)) return id;
+  }
+  return Infinity;
+}
+
 function onHistory(s, { key, token, payload, older }) {
   const conv = s.convs[key] || emptyConv();
   const messages = Array.isArray(payload.messages) ? payload.messages : [];
   if (older) {
-    const firstId = conv.messages.length ? Number(conv.messages[0].id) : Infinity;
+    const firstId = firstMessageId(conv.messages);
     if (payload.sessionId && conv.sessionId && payload.sessionId !== conv.sessionId) {
       s.convs = { ...s.convs, [key]: { ...conv, loadingOlder: false } };
       return;
     }
-    const prepend = messages.filter((m) => Number(m.id) < firstId);
+    const prepend = messagesBefore(messages, firstId);
     s.convs = {
       ...s.convs,
       [key]: { ...conv, loadingOlder: false, hasMore: Boolean(payload.hasMore), messages: [...prepend, ...conv.messages] },
     };
+    ingestHistory(s, key, messages, { sessionId: conv.sessionId });
     return;
   }
   const sameGen = conv.sessionId && conv.sessionId === payload.sessionId;
   let kept = [];
   if (sameGen && messages.length) {
     // Keep older pages the user scrolled back to.
-    const firstNew = Number(messages[0].id);
-    kept = conv.messages.filter((m) => Number(m.id) < firstNew);
+    const firstNew = firstMessageId(messages);
+    kept = messagesBefore(conv.messages, firstNew);
   }
   s.convs = {
     ...s.convs,
@@ -547,6 +630,7 @@ function onHistory(s, { key, token, payload, older }) {
   const gen = payload.sessionId || null;
   const inFlight = payload.inFlightRun && typeof payload.inFlightRun.runId === "string" ? payload.inFlightRun : null;
   const queuedRuns = Array.isArray(payload.queuedRuns) ? payload.queuedRuns : [];
+  s.convs = { ...s.convs, [key]: { ...s.convs[key], inFlightRunId: inFlight ? inFlight.runId : null } };
   if (inFlight) {
     let run = s.runs[runKey(key, inFlight.runId)] || newRun(s, key, inFlight.runId, {});
     if (run.settledBy !== "event") {
@@ -579,10 +663,11 @@ function onHistory(s, { key, token, payload, older }) {
       settledBy: null,
     });
   }
+  // Tool calls and results in the transcript, and those of the run in flight (TOOLS.md §13.4).
+  ingestHistory(s, key, messages, { sessionId: gen, inFlight });
   // Runs the server no longer has open ended while we were not looking: settle them from history.
   const row = s.rows[key];
-  const assistantByRun = new Map();
-  for (const m of s.convs[key].messages) if (m.role === "assistant" && m.runId) assistantByRun.set(m.runId, m);
+  const assistantByRun = repliesByRun(s.convs[key].messages);
   for (const run of runsOf(s, key)) {
     if (TERMINAL_PHASES.has(run.phase) || run.phase === "sending") continue;
     if (run.ackTick === null || run.ackTick > token) continue; // the server may not have had it yet
@@ -594,9 +679,9 @@ function onHistory(s, { key, token, payload, older }) {
     }
     const reply = assistantByRun.get(run.id);
     const rowSaysFailed = row && row.lastRunId === run.id && (row.status === "failed" || row.status === "timeout");
-    if (reply && !reply.aborted) settle(s, run, "final", { text: textOf(reply) || "" }, "history");
-    else if (rowSaysFailed) settle(s, run, "error", { text: reply ? textOf(reply) || "" : run.text, error: row.lastRunError || `The run ended: ${row.status}.` }, "history");
-    else settle(s, run, "aborted", { text: reply ? textOf(reply) || "" : run.text, stopReason: row && row.lastRunId === run.id && row.abortedLastRun ? "rpc" : null }, "history");
+    if (reply && !reply.aborted) settle(s, run, "final", { text: reply.text }, "history");
+    else if (rowSaysFailed) settle(s, run, "error", { text: reply ? reply.text : run.text, error: row.lastRunError || `The run ended: ${row.status}.` }, "history");
+    else settle(s, run, "aborted", { text: reply ? reply.text : run.text, stopReason: row && row.lastRunId === run.id && row.abortedLastRun ? "rpc" : null }, "history");
   }
 }
 
@@ -626,9 +711,11 @@ export function reduce(state, action) {
       if (defaults.mainSessionKey) s.mainKey = defaults.mainSessionKey;
       s.policy = policyFrom(hello);
       if (s.notice && s.notice.kind === "conn") s.notice = null;
-      // Resync (§9): rows, then the open conversation; unsent messages go out after that.
+      // Resync (§9): rows, then the open conversation, then pending approvals (§13.5); unsent
+      // messages go out after that.
       effect(s, { type: "list" });
       effect(s, { type: "history", key: s.currentKey });
+      effect(s, { type: "approvals" });
       effect(s, { type: "flush" });
       return s;
     }
@@ -641,11 +728,17 @@ export function reduce(state, action) {
         if (isSeqGap(s.conn.lastSeq, frame.seq)) {
           effect(s, { type: "list" });
           effect(s, { type: "history", key: s.currentKey });
+          effect(s, { type: "approvals" });
         }
         s.conn = { ...s.conn, lastSeq: frame.seq };
       }
-      if (frame.event === "chat") onChat(s, frame.payload);
-      else if (frame.event === "sessions.changed") acceptRow(s, frame.payload && frame.payload.session);
+      const payload = frame.payload;
+      if (frame.event === "chat") onChat(s, payload);
+      else if (frame.event === "sessions.changed") acceptRow(s, payload && payload.session);
+      else if (frame.event === "agent") onAgentEvent(s, payload, { effect: (eff) => effect(s, eff) });
+      else if (frame.event === "plugin.approval.requested") onApprovalRequested(s, payload, action.at);
+      else if (frame.event === "plugin.approval.resolved") onApprovalResolved(s, payload);
+      else if ((frame.event === "tick" || frame.event === "connect.challenge") && payload) onServerTime(s, payload.ts, action.at);
       else if (frame.event === "shutdown") {
         s.notice = { text: "The server is restarting; this page reconnects by itself.", tick: s.tick, kind: "conn" };
       }
@@ -763,6 +856,21 @@ export function reduce(state, action) {
     case "notice":
       s.notice = action.text ? { text: action.text, tick: s.tick } : null;
       return s;
+    case "approvals/listed":
+      // plugin.approval.list answered (asked at tick `token`): it replaces the pending approvals.
+      onApprovalsListed(s, action);
+      return s;
+    case "approval/sending":
+      onApprovalSending(s, action);
+      return s;
+    case "approval/answered": {
+      // plugin.approval.resolve answered (`response`) or not (`error`, a RequestError).
+      const what = action.decision === "deny" ? "Deny" : "Allow once";
+      const response = action.response || null;
+      const error = response ? response.error : action.error;
+      onApprovalAnswered(s, { id: action.id, response, errorText: response && response.ok ? null : failureText(what, error) });
+      return s;
+    }
     case "stop/answered": {
       // The chat.abort answers for `key`: a refusal is shown; when none stopped anything, the
       // run had ended already (its terminal may be missing here), so the conversation is reloaded.
@@ -838,6 +946,7 @@ export function sessionList(state) {
     error: row.lastRunError || null,
     current: row.key === state.currentKey,
     updatedAt: row.updatedAt || null,
+    needsApproval: needsApproval(state, row.key), // "needs approval" instead of the running spinner
   }));
   const placeholders = [...new Set([state.currentKey, state.mainKey])].filter(
     (key) => key && !state.rows[key] && matches(key, shortName(key)),
@@ -851,6 +960,7 @@ export function sessionList(state) {
       error: null,
       current: key === state.currentKey,
       updatedAt: null,
+      needsApproval: needsApproval(state, key),
     })),
   );
   return items;
@@ -904,54 +1014,121 @@ function userFromRun(run) {
   return { ...base, state: "final" };
 }
 
-/** The conversation as a list of items: history first, then what is live on this page. */
+/**
+ * The tool cards of session `key`, by run: items `{id: "t:<toolCallId>", role: "tool", runId,
+ * toolCallId, state, view}` in call order (`view`: tools.js `toolCardView`). A call belongs to the
+ * conversation of its session, and of its generation when both are known.
+ */
+function toolCardsByRun(state, key, gen) {
+  const byRun = new Map();
+  const calls = Object.values(state.tools)
+    .filter((c) => c.key === key && (!gen || !c.sessionId || c.sessionId === gen))
+    .sort((a, b) => a.order - b.order);
+  for (const call of calls) {
+    const view = toolCardView(call, approvalOf(state, call));
+    const item = { id: `t:${call.id}`, role: "tool", runId: call.runId, toolCallId: call.id, state: view.state, view };
+    const list = byRun.get(call.runId) || [];
+    list.push(item);
+    byRun.set(call.runId, list);
+  }
+  return byRun;
+}
+
+/**
+ * The conversation as a list of items: history first, then what is live on this page. A run's tool
+ * cards come right before its reply, in call order (the transcript's order of `toolCall` blocks
+ * first); `toolResult` messages are not items of their own, their outcome is on the card.
+ */
 export function conversation(state, key) {
   const conv = state.convs[key] || emptyConv();
   const row = state.rows[key];
   const items = [];
   const userRuns = new Set();
-  const assistantRuns = new Set();
+  const replies = repliesByRun(conv.messages);
+  for (const m of conv.messages) if (m.runId && m.role === "user") userRuns.add(m.runId);
+  const cards = toolCardsByRun(state, key, conv.sessionId);
+  const placed = new Set();
+  const pushCards = (runId, firstIds = []) => {
+    const list = cards.get(runId) || [];
+    const byId = new Map(list.map((item) => [item.toolCallId, item]));
+    for (const id of [...firstIds, ...list.map((item) => item.toolCallId)]) {
+      const item = byId.get(id);
+      if (!item || placed.has(item.id)) continue;
+      placed.add(item.id);
+      items.push(item);
+    }
+  };
   for (const m of conv.messages) {
-    if (!m.runId) continue;
-    (m.role === "assistant" ? assistantRuns : userRuns).add(m.runId);
-  }
-  for (const m of conv.messages) {
-    const text = textOf(m) || "";
+    if (m.role === "toolResult") continue;
     const run = m.runId ? state.runs[runKey(key, m.runId)] : null;
     if (m.role === "user") {
-      items.push({ id: m.runId ? `u:${m.runId}` : `m:${m.id}`, role: "user", runId: m.runId || null, text, state: "final" });
-      if (m.runId && !assistantRuns.has(m.runId)) {
+      items.push({ id: m.runId ? `u:${m.runId}` : `m:${m.id}`, role: "user", runId: m.runId || null, text: textOf(m) || "", state: "final" });
+      if (m.runId && !replies.has(m.runId)) {
+        pushCards(m.runId);
         const live = run ? assistantFromRun(run, true) : null;
         if (live) items.push(live);
         else if (!run && row && row.lastRunId === m.runId && !row.hasActiveRun && (row.status === "failed" || row.status === "timeout")) {
           items.push({ id: `a:${m.runId}`, role: "assistant", runId: m.runId, text: "", state: "error", error: row.lastRunError || `The run ended: ${row.status}.`, errorKind: row.status });
         }
       }
-    } else {
+    } else if (m.role === "assistant" && m.runId) {
+      const reply = replies.get(m.runId);
+      if (reply.first !== m) continue; // one reply per run, at its first message
+      pushCards(m.runId, reply.toolCallIds);
+      if (run && ACTIVE_PHASES.has(run.phase) && conv.inFlightRunId === m.runId) {
+        // Still running (history holds its steps so far): the live reply, which carries the whole text.
+        items.push(assistantFromRun(run, true));
+        continue;
+      }
+      const last = reply.last;
       const item = {
-        id: m.runId ? `a:${m.runId}` : `m:${m.id}`,
-        role: m.role,
-        runId: m.runId || null,
-        text,
-        state: m.aborted ? "aborted" : "final",
-        details: detailsOf(m) || (run && run.details) || null,
+        id: `a:${m.runId}`,
+        role: "assistant",
+        runId: m.runId,
+        text: reply.text,
+        state: reply.aborted ? "aborted" : "final",
+        details: detailsOf(last) || (run && run.details) || null,
       };
       if (run && run.phase === "error" && !run.rejected) {
         item.state = "error";
         item.error = run.error;
         item.errorKind = run.errorKind || null;
-      } else if (m.aborted) {
+      } else if (reply.aborted) {
         item.meta = run && run.phase === "aborted" ? stopLabel(run.stopReason) : "Stopped";
       }
       items.push(item);
+    } else {
+      if (m.role === "assistant") {
+        for (const id of toolCallIdsOf(m)) {
+          const call = state.tools[id];
+          if (!call || placed.has(`t:${id}`)) continue;
+          const view = toolCardView(call, approvalOf(state, call));
+          placed.add(`t:${id}`);
+          items.push({ id: `t:${id}`, role: "tool", runId: call.runId, toolCallId: id, state: view.state, view });
+        }
+      }
+      items.push({ id: `m:${m.id}`, role: m.role, runId: m.runId || null, text: textOf(m) || "", state: m.aborted ? "aborted" : "final", details: detailsOf(m) });
     }
   }
   for (const run of liveRuns(state, key)) {
-    if (userRuns.has(run.id) || assistantRuns.has(run.id)) continue;
+    if (userRuns.has(run.id) || replies.has(run.id)) continue;
     const user = userFromRun(run);
     if (user) items.push(user);
+    pushCards(run.id);
     const reply = assistantFromRun(run);
     if (reply) items.push(reply);
+  }
+  // Calls of runs not placed above (their run is not loaded yet): at the end while they are open, or
+  // when their run is known to this page; an ended call of a run on an older page waits for that page.
+  for (const list of cards.values()) {
+    for (const item of list) {
+      if (placed.has(item.id)) continue;
+      const call = state.tools[item.toolCallId];
+      const open = !TOOL_TERMINAL.has(call.status) && !call.runEnded;
+      if (!open && !state.runs[runKey(key, call.runId)]) continue;
+      placed.add(item.id);
+      items.push(item);
+    }
   }
   return items;
 }

@@ -93,6 +93,16 @@ test("handshake: connect answers the challenge with protocol 4, then requests ar
   assert.deepEqual(res.payload, { sessions: [] });
 });
 
+test("connect declares the tool-events cap and asks for operator.approvals beside the scopes it had", async () => {
+  makeClient();
+  await tick(5);
+  const { params } = sockets[0].sent[0];
+  assert.deepEqual(params.caps, ["tool-events"]);
+  // Requested scopes are intersected with the user's: read, write (and admin for staff) as before, plus approvals.
+  assert.deepEqual(params.scopes, ["operator.read", "operator.write", "operator.admin", "operator.approvals"]);
+  assert.equal(params.role, "operator");
+});
+
 test("a dropped socket rejects pending requests and reconnects by itself", async () => {
   const log = makeClient();
   await tick(5);

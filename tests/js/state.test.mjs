@@ -498,7 +498,7 @@ describe("history and resync (§6, §9)", () => {
     s = reduce(s, { type: "event", frame: { type: "event", event: "tick", payload: {}, seq: 2 } });
     assert.deepEqual(s.effects, []);
     s = reduce(s, { type: "event", frame: { type: "event", event: "tick", payload: {}, seq: 5 } });
-    assert.deepEqual(s.effects.map((e) => e.type).sort(), ["history", "list"]);
+    assert.deepEqual(s.effects.map((e) => e.type).sort(), ["approvals", "history", "list"]);
     s = reduce(s, { type: "conn/open" });
     s = reduce(s, { type: "event", frame: { type: "event", event: "connect.challenge", payload: {}, seq: 1 } });
     assert.deepEqual(s.effects, []);
@@ -511,9 +511,9 @@ describe("history and resync (§6, §9)", () => {
     assert.equal(s.notice, null);
   });
 
-  test("connecting resyncs: list, open conversation, then the outbox", () => {
+  test("connecting resyncs: list, open conversation, pending approvals, then the outbox", () => {
     const s = online();
-    assert.deepEqual(s.effects.map((e) => e.type), ["list", "history", "flush"]);
+    assert.deepEqual(s.effects.map((e) => e.type), ["list", "history", "approvals", "flush"]);
   });
 });
 
