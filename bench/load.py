@@ -234,14 +234,17 @@ def users_for(conns: int, one_user: str | None) -> list[str]:
 # --- scenarios ------------------------------------------------------------------------------------------
 
 
-async def turns(target: Target, conns: int, seconds: float, *, one_user: str | None = None) -> dict[str, float]:
+async def turns(
+    target: Target, conns: int, seconds: float, *, one_user: str | None = None, message: str = TURN_MESSAGE
+) -> dict[str, float]:
     """Each connection sends turn after turn in its own session for `seconds`: complete turns/s,
-    new-run ack p50/p99 (ms), slowest turn (s)."""
+    new-run ack p50/p99 (ms), slowest turn (s). `message` is what each turn sends (a tool turn's
+    directive, say: the floor server just echoes it)."""
     clients = await open_many(target, users_for(conns, one_user))
     tag = new_key("t")
     try:
         # one warm-up turn per connection creates its session; not counted
-        await asyncio.gather(*(c.turn(f"{tag}-s{i}", new_key(tag)) for i, c in enumerate(clients)))
+        await asyncio.gather(*(c.turn(f"{tag}-s{i}", new_key(tag), message) for i, c in enumerate(clients)))
         acks: list[float] = []
         durations: list[float] = []
         start = time.perf_counter()
@@ -249,7 +252,7 @@ async def turns(target: Target, conns: int, seconds: float, *, one_user: str | N
 
         async def loop(i: int, c: Client) -> None:
             while time.perf_counter() < deadline:
-                ack, turn = await c.turn(f"{tag}-s{i}", new_key(tag))
+                ack, turn = await c.turn(f"{tag}-s{i}", new_key(tag), message)
                 acks.append(ack)
                 durations.append(turn)
 
@@ -263,6 +266,10 @@ async def turns(target: Target, conns: int, seconds: float, *, one_user: str | N
         "ack_p99_ms": pct(acks, 99) * 1000,
         "turn_max_s": max(durations, default=float("nan")),
     }
+
+
+# one read-only call of the built-in demo MCP server per turn (TOOLS.md §13.8), no approval
+TOOL_TURN_MESSAGE = TURN_MESSAGE + ' [[tool:demo.calculate {"expression": "6*7"}]]'
 
 
 async def resends(target: Target, conns: int, seconds: float) -> dict[str, float]:

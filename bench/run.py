@@ -101,6 +101,7 @@ def scenarios(cfg: Config) -> dict[str, Scenario]:
         "turns_50": lambda t: load.turns(t, c50, s),
         "fanout": lambda t: load.turns(t, cfg.fanout, s, one_user="benchfan"),
         "ack_one_user": lambda t: load.turns(t, cfg.ack_one_user, s, one_user="benchfan"),
+        "tool_turns_10": lambda t: load.turns(t, c10, s, message=load.TOOL_TURN_MESSAGE),
         "resend_1": lambda t: load.resends(t, c1, s * 0.6),
         "resend_10": lambda t: load.resends(t, c10, s * 0.6),
         "connect": lambda t: load.connect_latency(t, cfg.connect_count),
@@ -185,6 +186,8 @@ def rows(cfg: Config) -> list[Row]:
             lambda m: m("turns_50", "ack_p99_ms") <= 50.0,
             "{:.2f}",
         ),
+        Row("tool_turns_10", f"tool turns/s, {c10} conns (one MCP call each)", "tool_turns_10", "turns_per_s"),
+        Row("tool_turn_max", f"slowest tool turn (s), {c10} conns", "tool_turns_10", "turn_max_s", fmt="{:.2f}"),
         Row("resend_1", f"resend acks/s, {c1} conn", "resend_1", "acks_per_s", fmt="{:.0f}"),
         Row(
             "resend_10",
