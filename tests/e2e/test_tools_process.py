@@ -165,3 +165,33 @@ async def test_abort_reaches_the_tool_within_a_second_and_the_next_turn_works(
             assert "next" in final["payload"]["message"]["content"][0]["text"]
     finally:
         server.stop()
+
+
+async def test_a_restart_cancels_a_pending_approval_and_nothing_runs(env: dict[str, str], count_file: Path) -> None:
+    agents = json.loads(env["GATEWAY_AGENTS"])
+    agents["main"]["approval"] = {"*": "always"}
+    env = {**env, "GATEWAY_AGENTS": json.dumps(agents)}
+    token = create_token(env, "dave")
+    first = start_server(env=env)
+    first.wait_ready()
+    async with ws_client(first, token, params=TOOL_CONNECT) as client:
+        await client.ok(
+            "chat.send", {"sessionKey": "main", "message": '[[tool:t.count {"arg": "a"}]]', "idempotencyKey": "a1"}
+        )
+        requested = await client.wait_event(lambda e: e["event"] == "plugin.approval.requested", timeout=20)
+        first.kill()
+    second = start_server(env=env)
+    try:
+        second.wait_ready()
+        async with ws_client(second, token, params=TOOL_CONNECT) as client:
+            await client.wait_event(lambda e: is_chat(e, "a1", "error"), timeout=RECOVERY_SECONDS + 4)
+            late = await client.ok(
+                "plugin.approval.resolve", {"id": requested["payload"]["id"], "decision": "allow-once"}
+            )
+            assert late["decision"] == "cancelled"
+            assert await client.ok("plugin.approval.list", {}) == []
+            ((state,),) = db_rows(env, "SELECT state FROM sessions_app_toolcall")
+            assert state == "cancelled"
+        assert executions(count_file) == 0
+    finally:
+        second.stop()

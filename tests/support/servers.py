@@ -215,7 +215,9 @@ class WsClient(ProtocolClient):
 
 
 @contextlib.asynccontextmanager
-async def ws_client(server: ServerHandle, token: str, *, subscribe: bool = True) -> AsyncIterator[WsClient]:
+async def ws_client(
+    server: ServerHandle, token: str, *, subscribe: bool = True, params: dict[str, Any] | None = None
+) -> AsyncIterator[WsClient]:
     """Connect, complete the handshake and (by default) subscribe to sessions.changed."""
     import websockets
 
@@ -225,7 +227,13 @@ async def ws_client(server: ServerHandle, token: str, *, subscribe: bool = True)
         assert challenge is not None and challenge.get("event") == "connect.challenge", challenge
         client.hello = await client.ok(
             "connect",
-            {"minProtocol": 4, "maxProtocol": 4, "client": {"id": "t", "version": "1"}, "auth": {"token": token}},
+            {
+                "minProtocol": 4,
+                "maxProtocol": 4,
+                "client": {"id": "t", "version": "1"},
+                "auth": {"token": token},
+                **(params or {}),
+            },
         )
         if subscribe:
             await client.ok("sessions.subscribe", {})
