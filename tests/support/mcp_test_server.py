@@ -18,7 +18,7 @@ from mcp.types import ToolAnnotations
 READ_ONLY = ToolAnnotations(read_only_hint=True)
 WRITES = ToolAnnotations(read_only_hint=False, idempotent_hint=False)
 
-server = MCPServer("agentgate-test")
+server = MCPServer("agentgate-test", log_level="WARNING")
 
 
 def _append(line: str) -> None:
@@ -28,15 +28,19 @@ def _append(line: str) -> None:
             f.write(line + "\n")
 
 
+def _calls() -> int:
+    path = os.environ.get("MCP_COUNT_FILE")
+    with open(path or os.devnull, encoding="utf-8") as f:
+        return sum(1 for line in f if line.startswith("call"))
+
+
 @server.tool(annotations=WRITES)
 async def count(arg: str = "", ms: int = 0) -> str:
     """Record one call (not idempotent), then sleep ms milliseconds; return how many calls were recorded so far."""
     _append(f"call {arg}")
     if ms:
         await anyio.sleep(ms / 1000)
-    path = os.environ.get("MCP_COUNT_FILE")
-    with open(path or os.devnull, encoding="utf-8") as f:
-        return str(sum(1 for line in f if line.startswith("call")))
+    return str(_calls())
 
 
 @server.tool(annotations=READ_ONLY)

@@ -32,7 +32,7 @@ MAX_MAGNITUDE = 10**100  # operands beyond this are refused (keeps `*` and `**` 
 MAX_NOTE = 2000  # characters
 MAX_NOTES_LISTED = 50
 
-server = MCPServer("agentgate-demo", instructions="A clock, a calculator and a notebook.")
+server = MCPServer("agentgate-demo", instructions="A clock, a calculator and a notebook.", log_level="WARNING")
 
 _BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
     ast.Add: operator.add,

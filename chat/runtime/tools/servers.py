@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import sys
 import tempfile
@@ -80,6 +81,7 @@ CLIENT_INFO = mcp_types.Implementation(name="agentgate", version="0.1.0")
 _STDIO_KEYS = frozenset({"command", "args", "env", "cwd"})
 _HTTP_KEYS = frozenset({"url", "headers"})
 _LEASH_PATH = str(Path(leash.__file__).resolve())
+_HTTP_SESSION_GONE = "Session terminated"  # what the SDK's HTTP transport reports for a 404 on a session id
 
 ProgressCallback = Callable[[float, float | None, str | None], Awaitable[None]]
 
@@ -165,8 +167,12 @@ def _validate_server(name: str, entry: Any) -> str | None:
     url = entry["url"]
     if not isinstance(url, str):
         return f"{where}.url must be a string"
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    try:
+        parts = urlsplit(url)
+        hostname = parts.hostname
+    except ValueError:
+        hostname = None
+    if parts.scheme not in ("http", "https") or not hostname:
         return f"{where}.url must be an http:// or https:// URL, got {url!r}"
     headers = entry.get("headers", {})
     if not _is_str_map(headers) or not all(k and "\n" not in k + v and "\r" not in k + v for k, v in headers.items()):
@@ -388,6 +394,8 @@ class _Session:
                     timer.cancel()
             if timed_out:
                 self._fail(ToolServerError(f"MCP server {self.name!r} did not start within {STARTUP_TIMEOUT_S:g} s"))
+        except ToolServerError as exc:
+            self._fail(exc)
         except Exception as exc:
             self._fail(ToolServerError(f"MCP server {self.name!r} could not start: {_describe(exc)}"), exc)
         finally:
@@ -414,6 +422,7 @@ class _Session:
             fd, self._pidfile = tempfile.mkstemp(prefix="agentgate-mcp-", suffix=".pid")
             os.close(fd)
             env = dict(config.get("env") or {})
+            self._check_command(config["command"], env.get("PATH", os.environ.get("PATH", os.defpath)))
             env[leash.PARENT_ENV] = str(os.getpid())
             env[leash.PIDFILE_ENV] = self._pidfile
             params = StdioServerParameters(
@@ -427,6 +436,15 @@ class _Session:
             httpx2.AsyncClient(headers=config.get("headers") or None, timeout=HTTP_TIMEOUT)
         )
         return _watched(streamable_http_client(config["url"], http_client=http), self._on_connection_end)
+
+    def _check_command(self, command: str, path: str) -> None:
+        """A missing command is named here; past the launcher's exec it would only be a closed connection."""
+        if os.sep in command:
+            found = os.access(os.path.join(self.config.get("cwd") or os.getcwd(), command), os.X_OK)
+        else:
+            found = shutil.which(command, path=path) is not None
+        if not found:
+            raise ToolServerError(f"MCP server {self.name!r} could not start: command {command!r} not found")
 
     def _read_pid(self) -> int | None:
         if self._pidfile is None:
@@ -542,12 +560,18 @@ class _Session:
             raise self._trouble(f"failed calling {tool!r}", exc) from exc
         text = _render(result)
         if _too_big(text):
-            raise ToolServerError(f"MCP server {self.name!r} answered {tool!r} with more than 8 MiB of text")
+            limit = f"{MAX_RESULT_BYTES / 1024 / 1024:g} MiB"
+            raise ToolServerError(f"MCP server {self.name!r} answered {tool!r} with too much text (over {limit})")
         return ToolOutcome(text=text, is_error=bool(result.is_error))
 
     def _trouble(self, doing: str, exc: Exception) -> ToolServerError:
         if self.closing or (isinstance(exc, MCPError) and exc.code == mcp_types.CONNECTION_CLOSED):
+            if not self.stdio:
+                self.close()  # reconnect on the next use
             return ToolServerError(f"MCP server {self.name!r} exited or closed the connection ({doing})")
+        if isinstance(exc, MCPError) and exc.code == mcp_types.INVALID_REQUEST and exc.message == _HTTP_SESSION_GONE:
+            self.close()  # a restarted 2025-era HTTP server forgot our session: start a new one next time
+            return ToolServerError(f"MCP server {self.name!r} ended our session ({doing})")
         if isinstance(exc, MCPError):
             return ToolServerError(f"MCP server {self.name!r} {doing}: {exc.message} (MCP error {exc.code})")
         if isinstance(exc, ValidationError | RuntimeError):
@@ -647,6 +671,7 @@ class ServerPool:
 
     async def aclose(self) -> None:
         """Stop every session; stdio servers end (stdin closed, then SIGTERM, then SIGKILL)."""
+        self._bind_loop()  # sessions of another (finished) loop are killed, not awaited
         for task in list(self._background):
             task.cancel()
         sessions = list(self._live)
