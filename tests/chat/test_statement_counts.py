@@ -77,3 +77,42 @@ async def test_one_turn_and_one_resend(statements: Statements, client: Any) -> N
     await client.drain(0.1)
     resend = statements.take()
     assert resend == ["SELECT"] * RESEND_STATEMENTS, statements.sql[-6:]
+
+
+# What one read-only tool call adds to a turn (docs/performance.md): recorded (6: BEGIN, session
+# lock, run, INSERT call, UPDATE run seq, audit), started (7: BEGIN, the call's run, lock, run, call,
+# UPDATE, audit), ended (8: the same four reads, UPDATE call, UPDATE run seq, audit, BEGIN), the
+# runner's read of the committed result (1), the run's end looking for open calls (1).
+TOOL_CALL_STATEMENTS = 23
+
+
+async def test_a_tool_call_costs_a_pinned_number_of_statements(
+    statements: Statements, client: Any, settings: Any, tmp_path: Any
+) -> None:
+    """A turn with one tool call (no approval) costs the plain turn plus a fixed number, whatever the tool."""
+    import sys
+    from pathlib import Path
+
+    server = str(Path(__file__).resolve().parents[1] / "support" / "mcp_test_server.py")
+    settings.GATEWAY_AGENTS = {
+        "main": {
+            "backend": "scripted",
+            "mcp_servers": {"t": {"command": sys.executable, "args": [server]}},
+            "approval": {"*": "never"},
+        }
+    }
+    tool = '[[tool:t.echo {"text": "x"}]]'
+    await client.ok("chat.send", send_params("s", f"[[tick:0]] warm {tool}", "warm"))
+    await client.wait_terminal("warm", 20)
+    await client.drain(0.2)
+
+    statements.counting = True
+    await client.ok("chat.send", send_params("s", "[[tick:0]] the quick brown fox jumps", "plain"))
+    await client.wait_terminal("plain")
+    await client.drain(0.2)
+    plain = statements.take()
+    await client.ok("chat.send", send_params("s", f"[[tick:0]] the quick brown fox jumps {tool}", "tool"))
+    await client.wait_terminal("tool", 20)
+    await client.drain(0.2)
+    with_tool = statements.take()
+    assert len(with_tool) - len(plain) == TOOL_CALL_STATEMENTS, (sorted(with_tool), statements.sql[-40:])
