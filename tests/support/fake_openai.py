@@ -5,6 +5,10 @@ Real sockets, real HTTP/1.1 and real server-sent events (chunked encoding), on
 queue the test fills (or `default` when the queue is empty) and is recorded with
 its JSON body and the moment the client disconnected, so tests can check what
 the gateway sent and that cancelling a run really closed the connection.
+
+A reply may also call tools (`tool_reply`): each `ToolCallReply` is streamed the way
+OpenAI streams it, `delta.tool_calls` fragments by `index`: id, type and name in the
+first, the arguments split over several more, then `finish_reason: "tool_calls"`.
 """
 
 from __future__ import annotations
@@ -18,6 +22,16 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
+
+
+@dataclass
+class ToolCallReply:
+    """One tool call of a reply, as the model streams it."""
+
+    name: str  # the function name (`NAME__tool`)
+    arguments: str = "{}"  # the JSON text, sent as is (it may be invalid on purpose)
+    id: str | None = None  # default `call_<index>`; "" sends no id at all
+    pieces: int = 3  # how many fragments the arguments are split into (fewer for a shorter text)
 
 
 @dataclass
@@ -42,6 +56,8 @@ class Reply:
     done: bool = True  # send `data: [DONE]`
     hang_after_done: bool = False  # keep the connection open after [DONE] (a sloppy server)
     keep_alive: bool = True  # else `connection: close` and close after the response
+    tool_calls: list[ToolCallReply] = field(default_factory=list)  # streamed after the content chunks
+    drop_before_finish: bool = False  # close the socket after chunks and tool calls, before finish_reason
 
 
 @dataclass
@@ -59,6 +75,11 @@ class Request:
     @property
     def messages(self) -> list[dict[str, Any]]:
         return list(self.body.get("messages", []))
+
+    @property
+    def tool_names(self) -> list[str]:
+        """The function names the request offered the model (`tools`)."""
+        return [t["function"]["name"] for t in self.body.get("tools", [])]
 
 
 class FakeOpenAI:
@@ -235,6 +256,14 @@ class FakeOpenAI:
         if reply.drop_after is not None and reply.drop_after >= len(reply.chunks):
             writer.transport.abort()
             return
+        for index, call in enumerate(reply.tool_calls):
+            for delta in _tool_fragments(index, call):
+                if reply.tick:
+                    await asyncio.sleep(reply.tick)
+                await event(chunk({"tool_calls": [delta]}))
+        if reply.drop_before_finish:
+            writer.transport.abort()
+            return
         if reply.stream_error is not None:
             await event({"error": reply.stream_error})
         else:
@@ -260,6 +289,24 @@ class FakeOpenAI:
         writer.write(b"0\r\n\r\n")
         await writer.drain()
         request.completed = True
+
+
+def _tool_fragments(index: int, call: ToolCallReply) -> list[dict[str, Any]]:
+    """The `delta.tool_calls` entries of one call: id and name first, then the arguments in pieces."""
+    head: dict[str, Any] = {"index": index, "type": "function", "function": {"name": call.name, "arguments": ""}}
+    call_id = f"call_{index}" if call.id is None else call.id
+    if call_id:
+        head["id"] = call_id
+    args = call.arguments
+    size = max(1, -(-len(args) // max(1, call.pieces)))
+    pieces = [args[i : i + size] for i in range(0, len(args), size)]
+    return [head, *({"index": index, "function": {"arguments": piece}} for piece in pieces)]
+
+
+def tool_reply(*calls: ToolCallReply, chunks: list[str] | None = None, **options: Any) -> Reply:
+    """A reply that calls tools (after any text in `chunks`) and ends with `finish_reason: "tool_calls"`."""
+    options.setdefault("finish_reason", "tool_calls")
+    return Reply(chunks=list(chunks or []), tool_calls=list(calls), **options)
 
 
 @contextlib.asynccontextmanager

@@ -12,6 +12,12 @@ Phases, as the run manager sees them:
 - The returned stream yields the reply's text. Before its first token a failed
   attempt may be retried; once text has been shown it never is.
 
+With tools (TOOLS.md §13, an agent with `mcp_servers`), a run is a loop of steps, one
+request each: a step that ends with tool calls has them carried out by the run's
+`ToolHost`, and the next request sends the model its calls and their results. Text
+of a later step is a new paragraph of the same reply. The loop ends when a step makes
+no calls, or at a limit (stopReason `tool_limit`), without asking the model again.
+
 Every way a run stops early (abort, interrupt, steer, reset, delete, any timeout)
 reaches this code as a cancellation or a timeout, and every one of them closes the
 HTTP connection, so the model server stops generating instead of finishing a
@@ -22,15 +28,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import math
 import os
 import random
 import re
+import secrets
 import socket
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -39,6 +47,9 @@ from urllib.parse import urlsplit
 import openai
 
 from chat.runtime.backends.base import AgentBackend, BackendError, BackendTimeout, DispatchError, RunContext
+from chat.runtime.tools.host import MAX_ARGUMENT_BYTES, ModelCall, ToolHost, ToolResult
+from chat.runtime.tools.servers import MODEL_NAME_RE, ToolServerError
+from sessions_app.models import TOOL_TERMINAL_STATES, ToolCallState
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +62,14 @@ MAX_ERROR_DETAIL = 300
 # due; a server that then keeps the connection open must not turn a finished reply
 # into an idle timeout.
 AFTER_FINISH_GRACE_S = 2.0
+# Text written after tool calls starts a new paragraph of the same reply.
+PARAGRAPH = "\n\n"
+# What one step may ask for: more calls are ignored, longer arguments are cut (the
+# host then fails the call as too large) — a server must not make us hold unbounded text.
+MAX_CALLS_PER_STEP = 128
+MAX_ARGUMENT_CHARS = 2 * MAX_ARGUMENT_BYTES
+MAX_CALL_ID = 128
+RUN_ENDED_STATES = (ToolCallState.CANCELLED, ToolCallState.UNKNOWN)  # set only by the end of the call's run
 
 # Providers word "prompt too long" differently: OpenAI and vLLM ("maximum context
 # length"), llama.cpp ("exceeds the available context size"), others ("context window").
@@ -169,29 +188,111 @@ def build_messages(ctx: RunContext, settings: AgentSettings) -> list[dict[str, A
     this run's context. Aborted partial replies are sent as they were shown. Whole
     messages are dropped from the oldest end until the texts fit `context_chars`;
     the run's own message is always kept (an oversize one is the server's to refuse).
+    An assistant message that called tools becomes its steps (`assistant_messages`),
+    kept or dropped as one, so a tool message never loses the call it answers.
     """
-    history: list[dict[str, Any]] = []
+    history: list[list[dict[str, Any]]] = []
     current: str | None = None
     for entry in ctx.transcript:
-        if entry.get("role") == "user" and entry.get("run") == ctx.run_pk:
+        role = entry.get("role")
+        if role == "user" and entry.get("run") == ctx.run_pk:
             current = str(entry.get("text") or "")
             break
-        if entry.get("role") in ("user", "assistant") and entry.get("text"):
-            history.append({"role": entry["role"], "content": str(entry["text"])})
+        if role == "user" and entry.get("text"):
+            history.append([{"role": "user", "content": str(entry["text"])}])
+        elif role == "assistant":
+            group = assistant_messages(entry)
+            if group:
+                history.append(group)
     if current is None:  # transcript unavailable (e.g. a run of an older generation)
         current = ctx.message
     current = _with_attachments(current, ctx.attachments)
 
     budget = settings.context_chars - len(settings.system_prompt) - len(current)
-    kept: list[dict[str, Any]] = []
-    for message in reversed(history):
-        budget -= len(message["content"])
+    kept: list[list[dict[str, Any]]] = []
+    for group in reversed(history):
+        budget -= sum(_size(message) for message in group)
         if budget < 0:
             break
-        kept.append(message)
+        kept.append(group)
     kept.reverse()
     system = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt else []
-    return [*system, *kept, {"role": "user", "content": current}]
+    return [*system, *(message for group in kept for message in group), {"role": "user", "content": current}]
+
+
+def assistant_messages(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """An assistant transcript entry as the model's messages, its tool calls included (§13.4).
+
+    In order: per step, the text written before its calls with the calls (named by their
+    gateway ids), then one `tool` message per call; the text after the last step closes it.
+    Only calls that reached their terminal state are sent, so every call sent has its
+    result and the request stays valid (a call still open belongs to a run not yet ended).
+    """
+    text = str(entry.get("text") or "")
+    calls = [c for c in entry.get("tools") or [] if c.get("status") in TOOL_TERMINAL_STATES and c.get("id")]
+    if not calls:
+        return [{"role": "assistant", "content": text}] if text else []
+    steps: dict[int, list[dict[str, Any]]] = {}
+    for c in calls:
+        steps.setdefault(int(c.get("step") or 0), []).append(c)
+    out: list[dict[str, Any]] = []
+    pos = 0
+    for step in sorted(steps):
+        group = steps[step]
+        offset = min(max(int(group[0].get("offset") or 0), pos), len(text))
+        out.append(
+            {
+                "role": "assistant",
+                "content": _text_between(text, pos, offset) or None,
+                "tool_calls": [_tool_call(str(c["id"]), str(c.get("name") or ""), c.get("arguments")) for c in group],
+            }
+        )
+        out.extend(
+            {"role": "tool", "tool_call_id": str(c["id"]), "content": _result_text(c.get("result"), c.get("status"))}
+            for c in group
+        )
+        pos = offset
+    rest = _text_between(text, pos, len(text))
+    if rest:
+        out.append({"role": "assistant", "content": rest})
+    return out
+
+
+def _text_between(text: str, start: int, end: int) -> str:
+    """The reply's text of one step, without the paragraph break the gateway put before it."""
+    part = text[start:end]
+    return part.removeprefix(PARAGRAPH) if start else part
+
+
+def _tool_call(call_id: str, name: str, arguments: Any) -> dict[str, Any]:
+    """A call as an assistant message carries it, in a form every server accepts back.
+
+    Servers that render history through a chat template parse the arguments, and refuse
+    the whole request (every later turn of the session, too) when a past call's arguments
+    are not a JSON object: such a call is sent with `{}`; its result says what was wrong.
+    The same goes for a function name outside OpenAI's rule.
+    """
+    args = arguments if isinstance(arguments, str) else ""
+    try:
+        valid = isinstance(json.loads(args), dict)
+    except ValueError:
+        valid = False
+    if not MODEL_NAME_RE.fullmatch(name):
+        name = re.sub(r"[^a-zA-Z0-9_-]", "_", name)[:64] or "unknown_tool"
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args if valid else "{}"}}
+
+
+def _result_text(result: Any, status: Any) -> str:
+    text = str(result or "")
+    return text if text else f"(no output; the call ended {status})"
+
+
+def _size(message: dict[str, Any]) -> int:
+    """A message's characters for the context budget: its text, and its calls' names and arguments."""
+    size = len(message.get("content") or "")
+    for call in message.get("tool_calls") or []:
+        size += len(call["function"]["name"]) + len(call["function"]["arguments"])
+    return size
 
 
 def _with_attachments(text: str, attachments: list[dict[str, Any]]) -> str:
@@ -395,6 +496,7 @@ class OpenAIBackend(AgentBackend):
             raise DispatchError(str(exc)) from exc
         call = _Call(self.agent_id, settings, api_key, ctx)
         try:
+            await call.load_tools()
             await call.open(before_start=True)
         except BaseException:
             await call.close()
@@ -419,6 +521,17 @@ class _Call:
         self.client = _client_for(settings, api_key)
         self.response: openai.AsyncStream[Any] | None = None
         self.closed = False
+        # tools (TOOLS.md §13): set by load_tools when the agent has MCP servers
+        self.tools: ToolHost | None = None
+        self.tool_defs: list[dict[str, Any]] = []
+        self.step = 1
+        self.reply_len = 0  # characters of reply text yielded so far, in all steps
+        self.call_ids: set[str] = set()  # the model's call ids sent in this run (they must not repeat)
+        # this attempt's output: text, tool-call fragments by index, usage
+        self.step_text: list[str] = []
+        self.step_calls: dict[int, _PartialCall] = {}
+        self.attempt_usage: dict[str, int] = {}
+        self.usage_before: dict[str, int] = {}  # the usage of the steps already finished
         task = asyncio.current_task()
         if task is not None:
             # Backstop: whatever ends the run's task (even a cancellation between
@@ -427,6 +540,18 @@ class _Call:
             task.add_done_callback(self._task_done)
 
     # --- opening -------------------------------------------------------------------------------
+
+    async def load_tools(self) -> None:
+        """The agent's tools, listed during dispatch: a server that cannot start is a dispatch failure."""
+        host = self.ctx.tools
+        if host is None or not host.configured:
+            return
+        try:
+            await host.load()
+        except ToolServerError as exc:
+            raise DispatchError(exc.message) from exc
+        self.tools = host
+        self.tool_defs = host.openai_tools()
 
     async def open(self, *, before_start: bool) -> None:
         """Send the request and wait for the response headers, retrying what may be retried."""
@@ -447,6 +572,8 @@ class _Call:
     def _request(self) -> dict[str, Any]:
         s = self.settings
         request: dict[str, Any] = {"model": s.model, "messages": self.messages, "stream": True}
+        if self.tool_defs:
+            request["tools"] = self.tool_defs
         if s.stream_usage:
             request["stream_options"] = {"include_usage": True}
         if s.temperature is not None:
@@ -479,21 +606,45 @@ class _Call:
         return _ReplyStream(self)
 
     async def chunks(self) -> AsyncGenerator[str, None]:
-        """Yield the reply's text; retry a failed attempt only while nothing was shown."""
-        shown = False
+        """Yield the reply's text, step by step; retry a failed attempt only while its step showed nothing.
+
+        Tool calls run only here, after their step's stream has finished, and a step is
+        retried only before it produced any output, then never read again: a retried step
+        starts its calls afresh from the new response, and no call of a step runs twice.
+        """
         try:
             while True:
-                try:
-                    async for text in self._read_attempt():
-                        shown = True
-                        yield text
+                shown = False
+                while True:  # the attempts of this step
+                    try:
+                        async for text in self._read_attempt():
+                            shown = True
+                            yield text
+                        break
+                    except _AttemptFailed as failed:
+                        if shown:
+                            raise failed.failure.error from None
+                        log.info("run %s attempt %s failed: %s", self.ctx.run_id, self.attempt, failed)
+                        await self._backoff_or_raise(failed.failure)
+                        await self.open(before_start=False)
+                self.usage_before = _add_usage(self.usage_before, self.attempt_usage)
+                calls = self._step_calls()
+                if not calls or self.tools is None:
                     return
-                except _AttemptFailed as failed:
-                    if shown:
-                        raise failed.failure.error from None
-                    log.info("run %s attempt %s failed: %s", self.ctx.run_id, self.attempt, failed)
-                    await self._backoff_or_raise(failed.failure)
-                    await self.open(before_start=False)
+                await self._close_response()  # read to its end: the connection goes back to the pool
+                results = await self.tools.run_calls(self.step, calls, reply_offset=self.reply_len)
+                if any(r.status in RUN_ENDED_STATES for r in results):
+                    # Only a run's end gives a call these states (an abort while the call waited
+                    # for approval returns here before the run's task is cancelled): the run is
+                    # over, and the model is not asked again.
+                    raise asyncio.CancelledError()
+                self._add_step(calls, results)
+                if self.step >= self.tools.config.max_steps or self.tools.limit_reached:
+                    self.ctx.stop_reason = "tool_limit"  # the model is not asked again
+                    return
+                self.step += 1
+                self.retries_left = self.settings.max_retries  # the retry rules apply per request
+                await self.open(before_start=False)
         except asyncio.CancelledError:
             await self._close_after_cancel()
             raise
@@ -507,6 +658,7 @@ class _Call:
         first = True
         deadline = self.attempt_started + self.settings.first_token_timeout_ms / 1000
         finished = False
+        self.step_text, self.step_calls, self.attempt_usage = [], {}, {}
         while True:
             try:
                 # The timer covers the network wait only, never the consumer's work
@@ -528,7 +680,8 @@ class _Call:
             usage = getattr(chunk, "usage", None)
             if usage is not None:
                 counts = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens}
-                self.ctx.usage = {k: int(v) for k, v in counts.items() if isinstance(v, int)} or None
+                self.attempt_usage = {k: int(v) for k, v in counts.items() if isinstance(v, int)}
+                self.ctx.usage = _add_usage(self.usage_before, self.attempt_usage) or None
             produced = False
             for choice in chunk.choices or []:
                 delta = choice.delta
@@ -539,14 +692,22 @@ class _Call:
                 # Reasoning models stream their thinking in a side field first: it is
                 # not part of the reply but proves the model is alive.
                 thinking = _reasoning(delta)
-                if text or thinking:
+                fragments = (getattr(delta, "tool_calls", None) or []) if delta is not None else []
+                for fragment in fragments:
+                    self._add_fragment(fragment)
+                if text or thinking or fragments:
                     produced = True
                 if choice.finish_reason:
                     self.ctx.stop_reason = str(choice.finish_reason)
                     finished = True
+                if self.step > 1 and not self.step_text:
+                    text = text.lstrip()  # the paragraph break below separates the steps
                 if text:
                     first = False
-                    yield text
+                    out = (PARAGRAPH if self.step > 1 and not self.step_text and self.reply_len else "") + text
+                    self.step_text.append(text)
+                    self.reply_len += len(out)
+                    yield out
             if finished:
                 deadline = self.loop.time() + min(AFTER_FINISH_GRACE_S, self.settings.idle_timeout_ms / 1000)
             elif produced:
@@ -555,6 +716,62 @@ class _Call:
         if not finished:
             cut = BackendError("the model server closed the stream before the reply was finished")
             raise _AttemptFailed(_Failure(cut, retryable=True))
+
+    # --- tool calls -----------------------------------------------------------------------------------
+
+    def _add_fragment(self, fragment: Any) -> None:
+        """One streamed piece of a tool call: id and name come first, arguments in pieces, by `index`."""
+        index = getattr(fragment, "index", None)
+        call_id = getattr(fragment, "id", None) or ""
+        if not isinstance(index, int):  # a server that leaves out the index: a new id starts a call
+            known = next((i for i, c in self.step_calls.items() if call_id and c.id == call_id), None)
+            if known is not None:
+                index = known
+            elif call_id or not self.step_calls:
+                index = max(self.step_calls, default=-1) + 1
+            else:
+                index = max(self.step_calls)
+        call = self.step_calls.get(index)
+        if call is None:
+            if len(self.step_calls) >= MAX_CALLS_PER_STEP:
+                return
+            call = self.step_calls[index] = _PartialCall()
+        if call_id and not call.id:
+            call.id = str(call_id)
+        function = getattr(fragment, "function", None)
+        name = getattr(function, "name", None) if function is not None else None
+        if name and not call.name:
+            call.name = str(name)[:200]
+        arguments = getattr(function, "arguments", None) if function is not None else None
+        if arguments and call.size <= MAX_ARGUMENT_CHARS:
+            call.arguments.append(str(arguments))
+            call.size += len(arguments)
+
+    def _step_calls(self) -> list[ModelCall]:
+        """The finished step's calls in index order, each with an id unique in this run."""
+        calls = []
+        for number, (_index, partial) in enumerate(sorted(self.step_calls.items()), start=1):
+            call_id = partial.id
+            if not call_id or len(call_id) > MAX_CALL_ID or call_id in self.call_ids:
+                call_id = f"call_{self.step}_{number}_{secrets.token_hex(4)}"
+            self.call_ids.add(call_id)
+            calls.append(ModelCall(call_id, partial.name, "".join(partial.arguments)))
+        return calls
+
+    def _add_step(self, calls: list[ModelCall], results: list[ToolResult]) -> None:
+        """The next request's messages: the step's text and calls, then each call's result."""
+        self.messages.append(
+            {
+                "role": "assistant",
+                "content": "".join(self.step_text) or None,
+                "tool_calls": [_tool_call(c.id, c.name, c.arguments) for c in calls],
+            }
+        )
+        by_id = {r.model_call_id: r for r in results}
+        for c in calls:
+            result = by_id.get(c.id)
+            text = _result_text(result.text, result.status) if result else "(no result: the call was not run)"
+            self.messages.append({"role": "tool", "tool_call_id": c.id, "content": text})
 
     # --- timeouts and cleanup -----------------------------------------------------------------------
 
@@ -607,6 +824,20 @@ class _Call:
 
 
 _CLEANUPS: set[asyncio.Task[None]] = set()
+
+
+@dataclass
+class _PartialCall:
+    """A tool call being streamed."""
+
+    id: str = ""
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+    size: int = 0
+
+
+def _add_usage(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    return {k: a.get(k, 0) + b.get(k, 0) for k in (*a, *(k for k in b if k not in a))}
 
 
 def _reasoning(delta: Any) -> bool:

@@ -276,8 +276,11 @@ class ToolHost:
             approval = await db_write(tools.request_approval, row.pk, expires_at=expires)
             if approval is None:
                 raise asyncio.CancelledError()
-            if await self._decision(approval) != ApprovalDecision.ALLOW_ONCE:
-                return  # denied, expired or cancelled: the call has ended with it
+            decision = await self._decision(approval)
+            if decision == ApprovalDecision.CANCELLED:
+                raise asyncio.CancelledError()  # only its run's end cancels an approval: nothing more to do
+            if decision != ApprovalDecision.ALLOW_ONCE:
+                return  # denied or expired: the call has ended with it, and the model is told
         if not await db_write(tools.begin_call, row.pk):
             raise asyncio.CancelledError()  # its run ended first: it never runs
         try:
