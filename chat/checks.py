@@ -8,12 +8,14 @@ from django.conf import settings
 from django.core import checks
 
 from chat.protocol.frames import AGENT_ID_RE
+from chat.runtime.tools.host import config_error
 
 
 @checks.register()
 def agent_table(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Every configured agent can be named: an id the protocol refuses would be offered by
-    `agents.list` and then refused on every new chat (`agent:<id>:<name>` keys)."""
+    `agents.list` and then refused on every new chat (`agent:<id>:<name>` keys); and its tool
+    settings are valid (TOOLS.md §13.1), else every chat.send to it fails before its ack."""
     errors: list[checks.CheckMessage] = []
     for agent_id, config in settings.GATEWAY_AGENTS.items():
         if not isinstance(agent_id, str) or not AGENT_ID_RE.fullmatch(agent_id):
@@ -33,4 +35,16 @@ def agent_table(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMess
                     id="agentgate.E002",
                 )
             )
+        else:
+            problem = config_error(config)
+            if problem:
+                # the same check a chat.send makes before its ack: caught at start instead of on every send
+                errors.append(
+                    checks.Error(
+                        f"GATEWAY_AGENTS: agent {agent_id!r} has bad tool settings: {problem}",
+                        hint="see docs/tools.md for every key (mcp_servers, tools, approval and the limits) "
+                        "and its default",
+                        id="agentgate.E003",
+                    )
+                )
     return errors

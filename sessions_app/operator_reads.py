@@ -1,4 +1,4 @@
-"""Reads for operators: stuck and failed sessions, counts, dead-process runs.
+"""Reads for operators: stuck and failed sessions, counts, dead-process runs, open tool calls.
 
 Every query here is driven by an index (see the `Meta.indexes` of the models), so the
 admin and `/metrics` stay fast with 100 000 sessions and 1 000 000 runs on SQLite and
@@ -14,10 +14,20 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Exists, Min, OuterRef, Q, QuerySet
+from django.db.models import Count, Exists, Min, OuterRef, Q, QuerySet
 from django.utils import timezone
 
-from sessions_app.models import ACTIVE_STATES, ChatSession, GatewayProcess, Run, RunState, SessionStatus
+from sessions_app.models import (
+    ACTIVE_STATES,
+    TOOL_OPEN_STATES,
+    ChatSession,
+    GatewayProcess,
+    Run,
+    RunState,
+    SessionStatus,
+    ToolApproval,
+    ToolCall,
+)
 from sessions_app.process import live_process_ids, stale_before
 
 FAILED_WINDOW = timedelta(hours=24)
@@ -178,6 +188,54 @@ def processes_with_liveness() -> QuerySet[GatewayProcess]:
         is_live=Q(heartbeat_at__gte=stale_before(), stopped_at__isnull=True),
         has_active_runs=Exists(Run.objects.filter(owner_process=OuterRef("server_id"), state__in=ACTIVE_STATES)),
     ).order_by("-started_at")
+
+
+# --- tool calls and approvals (TOOLS.md §13) --------------------------------------------------------
+#
+# Driven by the few open rows: pending approvals by `approval_decision_expires` (decision ''),
+# open calls by `toolcall_state_ended` (state first). Never a scan of the finished calls.
+
+
+def pending_approvals() -> QuerySet[ToolApproval]:
+    """Approvals still waiting for a decision."""
+    return ToolApproval.objects.filter(decision="")
+
+
+def runs_waiting_on_approval() -> QuerySet[Any]:
+    """Ids of the runs with a pending approval (for `pk__in`)."""
+    return pending_approvals().values("tool_call__run_id")
+
+
+def sessions_waiting_on_approval(among: QuerySet[ChatSession] | None = None) -> QuerySet[ChatSession]:
+    """Sessions whose row says `waitingFor: approval` (checked against the pending approvals, which
+    drive the query: `waiting_for` has no index of its own)."""
+    sessions = ChatSession.objects.all() if among is None else among
+    return sessions.filter(pk__in=pending_approvals().values("session_id"), waiting_for="approval")
+
+
+@dataclass
+class ToolCounts:
+    """Open tool calls by state (every open state, 0 when none) and the approvals pending among them."""
+
+    open_calls: dict[str, int]
+    pending_approvals: int
+
+
+def tool_counts() -> ToolCounts:
+    """One grouped query over the open calls (a pending approval always belongs to an open call:
+    its decision and the call's move are one transaction)."""
+    rows = (
+        ToolCall.objects.filter(state__in=TOOL_OPEN_STATES)
+        .order_by()
+        .values("state")
+        .annotate(calls=Count("id"), approvals=Count("approval", filter=Q(approval__decision="")))
+    )
+    found = {str(state): 0 for state in TOOL_OPEN_STATES}
+    approvals = 0
+    for row in rows:
+        found[row["state"]] = row["calls"]
+        approvals += row["approvals"]
+    return ToolCounts(open_calls=found, pending_approvals=approvals)
 
 
 # --- counts that need not be exact --------------------------------------------------------------------

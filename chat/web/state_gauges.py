@@ -1,9 +1,9 @@
 """State gauges, read from the database at scrape time (registered with Prometheus on import).
 
-Active, queued and stuck runs, the oldest active run, live processes: a few indexed
-queries after a probe with a short connect timeout, so every process reports the same
-cluster-wide values (take `max`, not `sum`) and a scrape answers in seconds even when the
-database is down. Also this process's database and channel-layer pools.
+Active, queued and stuck runs, the oldest active run, live processes, open tool calls by state
+and pending approvals: a few indexed queries after a probe with a short connect timeout, so
+every process reports the same cluster-wide values (take `max`, not `sum`) and a scrape answers
+in seconds even when the database is down. Also this process's database and channel-layer pools.
 """
 
 from __future__ import annotations
@@ -43,6 +43,24 @@ def _database_gauges() -> dict[str, tuple[str, float]]:
         ),
         "agentgate_live_processes": ("Gateway processes with a recent heartbeat.", len(live)),
     }
+
+
+def _tool_gauges() -> list[GaugeMetricFamily]:
+    """Open tool calls by state and pending approvals (one grouped query over the open calls)."""
+    counts = operator_reads.tool_counts()
+    calls = GaugeMetricFamily(
+        "agentgate_open_tool_calls",
+        "Tool calls not ended yet, by state: pending (recorded, not started), pending_approval, running "
+        "(all processes).",
+        labels=["state"],
+    )
+    for state, number in counts.open_calls.items():
+        calls.add_metric([state], float(number))
+    approvals = GaugeMetricFamily(
+        "agentgate_pending_approvals", "Tool approvals waiting for a decision (all processes)."
+    )
+    approvals.add_metric([], float(counts.pending_approvals))
+    return [calls, approvals]
 
 
 # Exported only on PostgreSQL with the connection pool (DB_POOL, the default there).
@@ -126,6 +144,7 @@ class GatewayStateCollector(Collector):
             # A short-timeout probe first: the pool would wait 30 s for a dead database.
             probe_database()
             values = _database_gauges()
+            tool_gauges = _tool_gauges()
         except Exception as exc:  # a scrape must still answer (quickly) when the database is down
             log.warning("metrics: database gauges failed: %s", f"{type(exc).__name__}: {exc}".strip()[:300])
             error.add_metric([], 1)
@@ -137,6 +156,7 @@ class GatewayStateCollector(Collector):
             gauge = GaugeMetricFamily(name, doc)
             gauge.add_metric([], float(value))
             yield gauge
+        yield from tool_gauges
 
 
 STATE_COLLECTOR = GatewayStateCollector()

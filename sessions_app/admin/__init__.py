@@ -1,4 +1,4 @@
-"""Operator admin: sessions (stuck / failed filters, timeline, actions), runs, API tokens, processes.
+"""Operator admin: sessions (stuck / failed filters, timeline, actions), runs, tool calls, API tokens, processes.
 
 Nothing here writes run or session state itself. Every action calls the lifecycle
 service once per row (never `QuerySet.update()` or a bulk delete), so each change
@@ -10,4 +10,4 @@ whatever the size of the tables.
 One module per model; importing them registers their admins (Django imports this package).
 """
 
-from sessions_app.admin import processes, runs, sessions, tokens  # noqa: F401
+from sessions_app.admin import processes, runs, sessions, tokens, tools  # noqa: F401

@@ -1,4 +1,5 @@
-"""What the model admins share: row annotations in one query per page, bulk-action limits, skipped rows."""
+"""What the model admins share: row annotations in one query per page, bulk-action limits, skipped rows,
+the audit timeline table."""
 
 from __future__ import annotations
 
@@ -14,16 +15,20 @@ from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.functional import cached_property
+from django.utils.html import format_html, format_html_join
+from django.utils.text import Truncator
 
 from sessions_app import operator_reads
 from sessions_app.lifecycle import LifecycleError, SessionNotFound
+from sessions_app.models import LifecycleEvent
 from sessions_app.process import live_process_ids
 
 RUNS_SHOWN = 50  # runs inline on the session page; the rest are one click away
 
-TIMELINE_SHOWN = 200  # audit rows on the session page
+TIMELINE_SHOWN = 200  # audit rows on the session and run pages
 
 # Columns never needed by a list or an inline: keep them out of the SELECT.
 RUN_HEAVY_FIELDS = ("message", "reply", "attachments", "body_hash")
@@ -184,3 +189,61 @@ def live_ids(request: HttpRequest) -> set[str]:
         cached = live_process_ids()
         request._agentgate_live = cached  # type: ignore[attr-defined]
     return cached
+
+
+# --- the audit timeline -------------------------------------------------------------------------------
+
+
+def timeline_events(queryset: QuerySet[LifecycleEvent]) -> list[LifecycleEvent]:
+    """The newest TIMELINE_SHOWN audit rows of `queryset`, with their run's and tool call's ids (one query)."""
+    return list(
+        queryset.select_related("run", "tool_call")
+        .only(
+            "created_at",
+            "actor",
+            "actor_name",
+            "reason",
+            "from_state",
+            "to_state",
+            "detail",
+            "run__run_id",
+            "tool_call__call_id",
+        )
+        .order_by("-id")[:TIMELINE_SHOWN]
+    )
+
+
+def _tool_call_link(event: LifecycleEvent) -> str:
+    if event.tool_call_id is None or event.tool_call is None:
+        return ""
+    url = reverse("admin:sessions_app_toolcall_change", args=[event.tool_call_id])
+    return format_html('<a href="{}">{}</a>', url, event.tool_call.call_id)
+
+
+def timeline_table(events: list[LifecycleEvent]) -> str:
+    """Audit rows as a table, newest first: run transitions, session changes, tool calls and approvals
+    (the tool call column links to the call's admin page; the actor names who decided an approval)."""
+    if not events:
+        return "no audit rows"
+    rows = format_html_join(
+        "\n",
+        "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{} → {}</td><td>{}</td></tr>",
+        (
+            (
+                timezone.localtime(e.created_at).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3],
+                f"{e.actor} ({e.actor_name})" if e.actor_name else e.actor,
+                e.reason,
+                e.run.run_id if e.run else "",
+                _tool_call_link(e),
+                e.from_state or "·",
+                e.to_state or "·",
+                Truncator(e.detail).chars(200),
+            )
+            for e in events
+        ),
+    )
+    return format_html(
+        '<table class="agentgate-timeline"><thead><tr><th>time</th><th>actor</th><th>reason</th>'
+        "<th>run</th><th>tool call</th><th>transition</th><th>detail</th></tr></thead><tbody>{}</tbody></table>",
+        rows,
+    )

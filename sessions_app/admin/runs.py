@@ -1,4 +1,4 @@
-"""Runs: filters, the timeline, and aborting selected runs."""
+"""Runs: filters (waiting on approval among them), the run's tool calls and timeline, and aborting selected runs."""
 
 from __future__ import annotations
 
@@ -10,12 +10,23 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
-from sessions_app.admin.common import RUN_HEAVY_FIELDS, RowAnnotationsMixin, Skipped, duration, too_many
+from sessions_app import operator_reads
+from sessions_app.admin.common import (
+    RUN_HEAVY_FIELDS,
+    RowAnnotationsMixin,
+    Skipped,
+    duration,
+    timeline_events,
+    timeline_table,
+    too_many,
+)
+from sessions_app.admin.tools import tool_call_table
 from sessions_app.lifecycle import LifecycleError
 from sessions_app.lifecycle import sessions as session_services
 from sessions_app.models import (
     ACTIVE_STATES,
     Actor,
+    LifecycleEvent,
     Run,
     RunState,
 )
@@ -35,6 +46,21 @@ class ErrorKindFilter(admin.SimpleListFilter):
         return queryset.filter(error_kind=self.value()) if self.value() else queryset
 
 
+class WaitingOnApprovalFilter(admin.SimpleListFilter):
+    """Runs with a pending approval (driven by the few pending approvals, not by the runs)."""
+
+    title = "waiting on"
+    parameter_name = "waiting"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("approval", "Approval (pending)")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == "approval":
+            return queryset.filter(pk__in=operator_reads.runs_waiting_on_approval())
+        return queryset
+
+
 @admin.register(Run)
 class RunAdmin(RowAnnotationsMixin, admin.ModelAdmin):
     list_display = (
@@ -51,8 +77,9 @@ class RunAdmin(RowAnnotationsMixin, admin.ModelAdmin):
         "stop_reason",
         "prompt_tokens",
         "completion_tokens",
+        "tool_calls",
     )
-    list_filter = ("state", ErrorKindFilter)
+    list_filter = ("state", ErrorKindFilter, WaitingOnApprovalFilter)
     search_fields = ("=run_id",)  # enables the search box; the lookup itself is below
     search_help_text = "Exact runId."
     ordering = ("-id",)
@@ -84,8 +111,15 @@ class RunAdmin(RowAnnotationsMixin, admin.ModelAdmin):
         "started_at",
         "ended_at",
         "duration",
+        "tool_calls",
+        "tool_call_list",
+        "timeline",
     )
-    fields = readonly_fields
+    fieldsets = (
+        (None, {"fields": readonly_fields[:-3]}),
+        ("Tool calls", {"fields": ("tool_calls", "tool_call_list")}),
+        ("Lifecycle audit", {"fields": ("timeline",)}),
+    )
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # A bare row delete would strand its session ("running" with no run, queue stuck)
@@ -134,6 +168,15 @@ class RunAdmin(RowAnnotationsMixin, admin.ModelAdmin):
     @admin.display(description="duration")
     def duration(self, obj: Run) -> str:
         return duration(obj.dispatched_at, obj.ended_at)
+
+    @admin.display(description="calls (in order)")
+    def tool_call_list(self, obj: Run) -> str:
+        return tool_call_table(obj)
+
+    @admin.display(description="timeline (newest first)")
+    def timeline(self, obj: Run) -> str:
+        """The run's transitions and its tool calls' and approvals' changes."""
+        return timeline_table(timeline_events(LifecycleEvent.objects.filter(run_id=obj.pk)))
 
     @admin.display(description="attachments")
     def attachments_summary(self, obj: Run) -> str:

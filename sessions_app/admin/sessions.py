@@ -19,19 +19,20 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.html import format_html, format_html_join
+from django.utils.html import format_html
 from django.utils.text import Truncator
 
 from sessions_app import operator_reads, statements
 from sessions_app.admin.common import (
     RUN_HEAVY_FIELDS,
     RUNS_SHOWN,
-    TIMELINE_SHOWN,
     RowAnnotationsMixin,
     Skipped,
     duration,
     live_ids,
     skip_reason,
+    timeline_events,
+    timeline_table,
     too_many,
 )
 from sessions_app.lifecycle import LifecycleError, operators
@@ -97,6 +98,21 @@ class StatusFilter(admin.SimpleListFilter):
             return queryset.filter(status__isnull=True)
         if value in SessionStatus.values:
             return queryset.filter(status=value)
+        return queryset
+
+
+class WaitingForFilter(admin.SimpleListFilter):
+    """Sessions whose active run waits for an approval (`waitingFor: "approval"`, TOOLS.md §13.2)."""
+
+    title = "waiting for"
+    parameter_name = "waiting"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("approval", "An approval")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == "approval":
+            return operator_reads.sessions_waiting_on_approval(among=queryset)
         return queryset
 
 
@@ -177,7 +193,7 @@ class ChatSessionAdmin(RowAnnotationsMixin, admin.ModelAdmin):
         "updated_at",
     )
     list_display_links = ("key",)
-    list_filter = (StatusFilter, StuckFilter, FailedRecentlyFilter)
+    list_filter = (StatusFilter, StuckFilter, FailedRecentlyFilter, WaitingForFilter)
     search_fields = ("key", "label", "owner__username")
     search_help_text = "Session key or label (contains), owner username (contains), or an exact runId."
     ordering = ("-updated_at",)
@@ -191,7 +207,7 @@ class ChatSessionAdmin(RowAnnotationsMixin, admin.ModelAdmin):
             "Last run",
             {"fields": ("last_run_link", "started_at", "ended_at", "runtime", "aborted_last_run", "last_run_error")},
         ),
-        ("Now", {"fields": ("active_run_link", "queued_runs", "all_runs_link")}),
+        ("Now", {"fields": ("active_run_link", "waiting_for", "queued_runs", "all_runs_link")}),
         ("Lifecycle audit", {"fields": ("timeline",)}),
         ("Times", {"fields": ("created_at", "updated_at")}),
     )
@@ -209,6 +225,7 @@ class ChatSessionAdmin(RowAnnotationsMixin, admin.ModelAdmin):
         "aborted_last_run",
         "last_run_error",
         "active_run_link",
+        "waiting_for",
         "queued_runs",
         "all_runs_link",
         "timeline",
@@ -300,6 +317,8 @@ class ChatSessionAdmin(RowAnnotationsMixin, admin.ModelAdmin):
     @admin.display(description="status", ordering="status")
     def status_badge(self, obj: Any) -> str:
         status = obj.status or "never ran"
+        if obj.waiting_for == "approval" and obj.active_run_id is not None:
+            status = f"{status} · needs approval"
         if obj.is_stuck:
             return format_html('{} <strong style="color:#ba2121">· stuck</strong>', status)
         if obj.has_queued:
@@ -354,35 +373,7 @@ class ChatSessionAdmin(RowAnnotationsMixin, admin.ModelAdmin):
 
     @admin.display(description="timeline (newest first)")
     def timeline(self, obj: Any) -> str:
-        events = list(
-            LifecycleEvent.objects.filter(session_id=obj.pk)
-            .select_related("run")
-            .only("created_at", "actor", "reason", "from_state", "to_state", "detail", "run__run_id")
-            .order_by("-id")[:TIMELINE_SHOWN]
-        )
-        if not events:
-            return "no audit rows"
-        rows = format_html_join(
-            "\n",
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{} → {}</td><td>{}</td></tr>",
-            (
-                (
-                    timezone.localtime(e.created_at).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3],
-                    e.actor,
-                    e.reason,
-                    e.run.run_id if e.run else "",
-                    e.from_state or "·",
-                    e.to_state or "·",
-                    Truncator(e.detail).chars(200),
-                )
-                for e in events
-            ),
-        )
-        return format_html(
-            '<table class="agentgate-timeline"><thead><tr><th>time</th><th>actor</th><th>reason</th>'
-            "<th>run</th><th>transition</th><th>detail</th></tr></thead><tbody>{}</tbody></table>",
-            rows,
-        )
+        return timeline_table(timeline_events(LifecycleEvent.objects.filter(session_id=obj.pk)))
 
     # -- writes: only through the lifecycle service ----------------------------------------------------
 

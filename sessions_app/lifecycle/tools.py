@@ -260,3 +260,29 @@ def pending_approvals(*, user_id: int | None) -> list[ToolApproval]:
     if user_id is not None:
         qs = qs.filter(owner_id=user_id)
     return list(qs.order_by("id")[:500])
+
+
+# --- repairs (gateway_doctor --fix) ---------------------------------------------------------------
+
+
+def close_calls_of_ended_run(run_pk: int, *, actor: str = Actor.OPERATOR) -> list[str]:
+    """Close the open calls and approvals of a run that has already ended, as its end would have.
+
+    Its terminal transition does this in the same transaction (`toolstate.close_open`), so this
+    only repairs a database that says otherwise: running -> `unknown` (or `cancelled` when the run
+    was stopped), not started -> `cancelled`, pending approvals -> decision `cancelled`. Returns
+    the toolCallIds it closed ([] when the run is not terminal or nothing was open).
+    """
+    with transaction.atomic():
+        found = lock_run(run_pk)
+        if found is None or not found[1].is_terminal:
+            return []
+        session, run = found
+        open_ids = list(
+            ToolCall.objects.filter(run=run, state__in=TOOL_OPEN_STATES)
+            .order_by("seq")
+            .values_list("call_id", flat=True)
+        )
+        if open_ids:
+            toolstate.close_open(run, session, to_state=run.state, stop_reason=run.stop_reason, actor=actor)
+        return open_ids

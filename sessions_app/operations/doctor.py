@@ -13,12 +13,19 @@ is `dead_process_run`, `unclaimed_run` or `long_running_run` by the conditions o
 `operator_reads.active_run_not_active`, `running_without_active_run` and `stranded_queue_runs`.
 The doctor finds more than "stuck" (overdue, stale-generation and stray runs, rows not
 saying `running`); a run-level finding takes the place of the row-level one it explains.
+
+Tool calls (TOOLS.md §13), driven by the few open calls and pending approvals: a call still open
+after its run ended (its end closes them in the same transaction, so this must never happen;
+--fix closes them as that end would have), a call running under a dead process (recovery ends
+it `unknown` with its run: reported, so an operator checks its side effects by hand) and an
+approval pending long past its expiry in an active run (its owner process should have expired
+it: reported). The last two are in REPORT_ONLY: --fix leaves them to the run's own repair.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -26,8 +33,20 @@ from django.conf import settings
 from django.utils import timezone
 
 from sessions_app import operator_reads
-from sessions_app.lifecycle import operators, runs
-from sessions_app.models import ACTIVE_STATES, OPEN_STATES, Actor, ChatSession, Run, RunState, SessionStatus
+from sessions_app.lifecycle import operators, runs, tools
+from sessions_app.models import (
+    ACTIVE_STATES,
+    OPEN_STATES,
+    TERMINAL_STATES,
+    TOOL_OPEN_STATES,
+    Actor,
+    ChatSession,
+    Run,
+    RunState,
+    SessionStatus,
+    ToolCall,
+    ToolCallState,
+)
 from sessions_app.operations.recovery import INTERRUPTED_MESSAGE
 from sessions_app.process import live_process_ids
 
@@ -44,7 +63,18 @@ CHECKS: dict[str, str] = {
     "running_without_active_run": "the session row says running but no run is active",
     "active_without_running_status": "the session has an active run but its row does not say running",
     "queued_without_active_run": "queued runs wait in a session with no active run, so nothing starts them",
+    "tool_call_outlived_run": "tool calls are still open (pending, pending_approval, running) though their run "
+    "has ended (its end closes them)",
+    "tool_call_dead_process": "a tool call is running in a run whose owner process stopped heartbeating: recovery "
+    "will end it unknown (check its side effects by hand)",
+    "approval_overdue": "an approval is still pending more than GATEWAY_RECOVERY_SECONDS past its expiresAt, "
+    "in a run that is still active",
 }
+# The tool-call checks (tests plant them with tool calls: tests/sessions_app/test_tool_operations.py)
+TOOL_CHECKS = ("tool_call_outlived_run", "tool_call_dead_process", "approval_overdue")
+# Findings --fix does not repair itself: ending the run (dead_process_run, overdue_run, ...) ends
+# them, and the report says so.
+REPORT_ONLY = frozenset({"tool_call_dead_process", "approval_overdue"})
 # Run-level repairs go first: ending a run also fixes its row and starts the next queued run.
 ORDER = list(CHECKS)
 
@@ -58,6 +88,7 @@ class Finding:
     detail: str
     run_pk: int | None = None
     run_id: str | None = None
+    tool_call_ids: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -67,6 +98,7 @@ class Finding:
             "owner": self.owner,
             "runPk": self.run_pk,
             "runId": self.run_id,
+            "toolCallIds": self.tool_call_ids,
             "detail": self.detail,
         }
 
@@ -171,7 +203,94 @@ def check(*, now: Any = None) -> list[Finding]:
             base = queued_sessions[pk]
             findings.append(Finding("queued_without_active_run", detail="queued runs wait behind nothing", **base))
 
+    findings += _tool_findings(live, now, grace)
     findings.sort(key=lambda f: (ORDER.index(f.kind), f.session_pk, f.run_pk or 0))
+    return findings
+
+
+_CALL_FIELDS = (
+    "call_id",
+    "server",
+    "tool",
+    "state",
+    "started_at",
+    "run_id",
+    "run__run_id",
+    "run__state",
+    "run__owner_process",
+    "run__session_id",
+    "run__session__key",
+    "run__session__owner__username",
+)
+
+
+def _call_base(call: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "session_pk": call["run__session_id"],
+        "session_key": call["run__session__key"],
+        "owner": call["run__session__owner__username"],
+        "run_pk": call["run_id"],
+        "run_id": call["run__run_id"],
+    }
+
+
+def _call_name(call: dict[str, Any]) -> str:
+    return f"{call['server']}.{call['tool']}" if call["server"] else call["tool"]
+
+
+def _tool_findings(live: set[str], now: Any, grace: timedelta) -> list[Finding]:
+    """The tool-call checks: the open calls (state index) and the pending approvals (decision index)."""
+    findings: list[Finding] = []
+    outlived: dict[int, list[dict[str, Any]]] = {}
+    open_calls = ToolCall.objects.filter(state__in=TOOL_OPEN_STATES).order_by("run_id", "seq").values(*_CALL_FIELDS)
+    for call in open_calls.iterator(chunk_size=2000):
+        if call["run__state"] in TERMINAL_STATES:
+            outlived.setdefault(call["run_id"], []).append(call)
+            continue
+        owner = call["run__owner_process"]
+        if call["state"] == ToolCallState.RUNNING and call["run__state"] in ACTIVE_STATES and owner not in live:
+            since = call["started_at"]
+            age = f"running for {int((now - since).total_seconds())}s" if since else "running"
+            where = f"owner process {owner} is not alive" if owner else "the run has no owner process"
+            findings.append(
+                Finding(
+                    "tool_call_dead_process",
+                    detail=f"{call['call_id']} {_call_name(call)} {age}; {where}: recovery ends it unknown "
+                    "(whether it took effect is not known; check its side effects by hand)",
+                    tool_call_ids=[call["call_id"]],
+                    **_call_base(call),
+                )
+            )
+    for calls in outlived.values():
+        first = calls[0]
+        listed = ", ".join(f"{c['call_id']} {_call_name(c)} ({c['state']})" for c in calls)
+        findings.append(
+            Finding(
+                "tool_call_outlived_run",
+                detail=f"the run is {first['run__state']}; still open: {listed}",
+                tool_call_ids=[c["call_id"] for c in calls],
+                **_call_base(first),
+            )
+        )
+    overdue = (
+        operator_reads.pending_approvals()
+        .filter(expires_at__lt=now - grace, tool_call__run__state__in=ACTIVE_STATES)
+        .order_by("id")
+        .values("approval_id", "expires_at", *(f"tool_call__{name}" for name in _CALL_FIELDS))
+    )
+    for row in overdue:
+        call = {name: row[f"tool_call__{name}"] for name in _CALL_FIELDS}
+        late = int((now - row["expires_at"]).total_seconds())
+        owner = call["run__owner_process"] or "no owner process"
+        findings.append(
+            Finding(
+                "approval_overdue",
+                detail=f"approval {row['approval_id']} of {call['call_id']} {_call_name(call)} expired {late}s ago "
+                f"and is still pending (run on {owner}, which should have resolved it expired)",
+                tool_call_ids=[call["call_id"]],
+                **_call_base(call),
+            )
+        )
     return findings
 
 
@@ -199,6 +318,15 @@ def _time_out(finding: Finding, message: str) -> bool:
 def _interrupt(finding: Finding) -> bool:
     assert finding.run_pk is not None
     return runs.interrupt_run(finding.run_pk, message=INTERRUPTED_MESSAGE, actor=Actor.REAPER)
+
+
+def _close_tool_calls(finding: Finding) -> bool:
+    assert finding.run_pk is not None
+    return bool(tools.close_calls_of_ended_run(finding.run_pk, actor=Actor.OPERATOR))
+
+
+def _report_only(finding: Finding) -> bool:
+    return False
 
 
 def _repair_row(finding: Finding) -> bool:
@@ -237,6 +365,16 @@ FIXERS: dict[str, tuple[str, Callable[[Finding], bool]]] = {
     "queued_without_active_run": (
         "start the next queued run",
         lambda f: bool(operators.start_next(f.session_pk, actor=Actor.OPERATOR)),
+    ),
+    "tool_call_outlived_run": (
+        "close the run's open tool calls as its end would have (running: unknown, or cancelled if the run "
+        "was stopped; not started: cancelled; approvals: cancelled)",
+        _close_tool_calls,
+    ),
+    "tool_call_dead_process": ("nothing here: the dead_process_run repair (or recovery) ends it unknown", _report_only),
+    "approval_overdue": (
+        "nothing here: its owner process should expire it; the run's timeout or repair ends it",
+        _report_only,
     ),
 }
 
@@ -291,9 +429,10 @@ def run(
         return DoctorReport(findings, repairs, findings)
     remaining = check()
     for _ in range(2):  # e.g. a released slot lets a queued run start on the next pass
-        if not remaining:
+        fixable = [f for f in remaining if f.kind not in REPORT_ONLY]
+        if not fixable:
             break
-        repairs += fix(remaining)
+        repairs += fix(fixable)
         remaining = check()
     return DoctorReport(findings, repairs, remaining)
 

@@ -91,9 +91,9 @@ async def test_a_tool_call_costs_a_pinned_number_of_statements(
 ) -> None:
     """A turn with one tool call (no approval) costs the plain turn plus a fixed number, whatever the tool."""
     import sys
-    from pathlib import Path
 
-    server = str(Path(__file__).resolve().parents[1] / "support" / "mcp_test_server.py")
+    from tests.chat.test_tools_promises import TEST_SERVER as server
+
     settings.GATEWAY_AGENTS = {
         "main": {
             "backend": "scripted",

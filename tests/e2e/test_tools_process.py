@@ -8,7 +8,6 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -47,6 +46,18 @@ def executions(count_file: Path) -> int:
     if not count_file.exists():
         return 0
     return sum(1 for line in count_file.read_text().splitlines() if line.startswith("call"))
+
+
+def saw_cancellation(count_file: Path) -> bool:
+    return count_file.exists() and "cancelled" in count_file.read_text()
+
+
+def wait_gone(pids: list[int], seconds: float) -> bool:
+    """Whether every one of `pids` has ended within `seconds`."""
+    deadline = time.monotonic() + seconds
+    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not any(pid_alive(p) for p in pids)
 
 
 def pid_alive(pid: int) -> bool:
@@ -94,10 +105,7 @@ async def test_kill_9_mid_tool_ends_it_unknown_never_reruns_it_and_the_next_turn
         assert children, "the stdio MCP server runs under the gateway"
         first.kill()
     # the leash: the MCP server dies with its gateway, even on kill -9
-    deadline = time.monotonic() + 5
-    while any(pid_alive(p) for p in children) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(pid_alive(p) for p in children), "an MCP server outlived its gateway"
+    assert wait_gone(children, 5), "an MCP server outlived its gateway"
     assert db_rows(env, "SELECT state FROM sessions_app_toolcall")[0][0] == "running"
 
     second = start_server(env=env)
@@ -152,7 +160,7 @@ async def test_abort_reaches_the_tool_within_a_second_and_the_next_turn_works(
             await client.ok("chat.abort", {"sessionKey": "main", "runId": "s1"})
             end = await client.wait_event(lambda e: is_chat(e, "s1", "aborted"), timeout=5)
             assert end["payload"]["stopReason"] == "rpc"
-            while "cancelled" not in (count_file.read_text() if count_file.exists() else ""):
+            while not saw_cancellation(count_file):
                 assert time.monotonic() - aborted_at < 2.0, "the MCP server never saw the cancellation"
                 await client.drain(0.05)
             ((state,),) = db_rows(env, "SELECT state FROM sessions_app_toolcall")

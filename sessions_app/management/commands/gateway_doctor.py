@@ -10,9 +10,10 @@ from sessions_app.operations import doctor
 
 class Command(OpsCommand):
     help = (
-        "Check every session and open run against the lifecycle rules. Exit 0: clean; 1: findings remain; "
-        "2: the check itself failed (e.g. database unreachable). --fix repairs each finding through the "
-        "lifecycle service (audited, broadcast to clients)."
+        "Check every session, open run, open tool call and pending approval against the lifecycle rules. "
+        "Exit 0: clean; 1: findings remain; 2: the check itself failed (e.g. database unreachable). --fix "
+        "repairs each finding through the lifecycle service (audited, broadcast to clients); report-only "
+        "findings are left to the repair of their run."
     )
     dry_run_help = "with --fix: show the repairs; change nothing"
 
@@ -54,7 +55,10 @@ class Command(OpsCommand):
             self.line(f"  {count} x {kind}: {doctor.CHECKS[kind]}")
         if fix:
             for repair in report.repairs:
-                verb = "would" if self.dry_run else ("did" if repair.changed else "no change:")
+                if repair.finding.kind in doctor.REPORT_ONLY:
+                    verb = "report only:"
+                else:
+                    verb = "would" if self.dry_run else ("did" if repair.changed else "no change:")
                 self.line(f"  {verb} {repair.action} ({repair.finding.kind}, {repair.finding.session_key})")
         if report.ok:
             self.line(f"Repaired: {len(report.findings)} finding(s) cleared.", self.style.SUCCESS)
