@@ -4,10 +4,16 @@ Run: `.venv/bin/python -m tests.e2e.browser.make_screenshots` (needs /usr/bin/ch
 It starts its own server on a temporary database, fills a few sessions through
 the page itself (a failed one, a stopped one, one streaming with a queued
 message) and takes the pictures. Not part of the test run.
+
+`... make_screenshots tools` makes only docs/screenshots/chat-tools.png: a conversation with a tool
+call that succeeded and one waiting for approval (the demo MCP server writes its notes to a
+temporary folder).
 """
 
 from __future__ import annotations
 
+import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -63,60 +69,91 @@ def fill_sessions(page: Any) -> None:
     expect(page.locator('[data-testid="message"][data-state="queued"]')).to_have_count(1)
 
 
-def main() -> None:
+def tools_screenshot(browser: Any, server: GatewayServer, username: str) -> None:
+    """A succeeded tool call and a call waiting for approval, desktop width, light theme."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme="light")
+    page = context.new_page()
+    login(page, server.base_url, username)
+    new_session(page, "Home")
+    send(page, 'How many minutes are in a week? [[tool:demo.calculate {"expression": "7 * 24 * 60"}]]')
+    expect(last_final(page)).to_contain_text("= 10080", timeout=30_000)
+    send(page, 'Remind me to call the plumber [[tool:demo.add_note {"text": "Call the plumber on Monday"}]]')
+    prompt = page.locator('[data-testid="tool-approval"][data-state="pending"]')
+    expect(prompt.get_by_test_id("approval-countdown")).to_have_text(re.compile(r"^\d+:\d\d left$"), timeout=30_000)
+    expect(page.locator('[data-testid="session-row"][data-waiting="approval"]')).to_have_count(1)
+    page.mouse.move(0, 0)
+    page.screenshot(path=str(OUT / "chat-tools.png"))
+    context.close()
+
+
+def page_screenshots(browser: Any, server: GatewayServer, username: str) -> None:
+    """The chat page at desktop and phone width, light and dark."""
+    desktop = browser.new_context(viewport={"width": 1280, "height": 800}, color_scheme="light")
+    page = desktop.new_page()
+    login(page, server.base_url, username)
+    fill_sessions(page)
+    page.mouse.move(0, 0)
+    page.screenshot(path=str(OUT / "chat-desktop.png"))
+    dark = browser.new_context(viewport={"width": 1280, "height": 800}, color_scheme="dark")
+    dark_page = dark.new_page()
+    login(dark_page, server.base_url, username)
+    expect(dark_page.locator('[data-testid="message"][data-state="streaming"]')).to_contain_text("word20")
+    dark_page.screenshot(path=str(OUT / "chat-desktop-dark.png"))
+
+    phone = browser.new_context(
+        viewport={"width": 390, "height": 844},
+        device_scale_factor=2,
+        is_mobile=True,
+        has_touch=True,
+        color_scheme="light",
+    )
+    small = phone.new_page()
+    login(small, server.base_url, username)
+    expect(small.locator('[data-testid="message"][data-state="streaming"]')).to_contain_text("word30")
+    small.screenshot(path=str(OUT / "chat-phone.png"))
+    small.get_by_test_id("toggle-sidebar").click()
+    small.wait_for_timeout(400)  # the slide-in transition
+    small.screenshot(path=str(OUT / "chat-phone-sessions.png"))
+    phone_dark = browser.new_context(
+        viewport={"width": 390, "height": 844},
+        device_scale_factor=2,
+        is_mobile=True,
+        has_touch=True,
+        color_scheme="dark",
+    )
+    small_dark = phone_dark.new_page()
+    login(small_dark, server.base_url, username)
+    expect(small_dark.locator('[data-testid="message"][data-state="streaming"]')).to_contain_text("word40")
+    small_dark.screenshot(path=str(OUT / "chat-phone-dark.png"))
+
+
+def main(argv: list[str] | None = None) -> None:
+    only_tools = (sys.argv[1:] if argv is None else argv) == ["tools"]
     OUT.mkdir(parents=True, exist_ok=True)
-    server = GatewayServer(users=1, extra_env=AGENTS_ENV)
+    server = GatewayServer(users=2, extra_env=AGENTS_ENV)
+    server.env["AGENTGATE_NOTES_DIR"] = str(server.tmp / "notes")
     try:
         server.prepare()
         server.start()
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            desktop = browser.new_context(viewport={"width": 1280, "height": 800}, color_scheme="light")
-            page = desktop.new_page()
-            login(page, server.base_url, "user1")
-            fill_sessions(page)
-            page.mouse.move(0, 0)
-            page.screenshot(path=str(OUT / "chat-desktop.png"))
-            dark = browser.new_context(viewport={"width": 1280, "height": 800}, color_scheme="dark")
-            dark_page = dark.new_page()
-            login(dark_page, server.base_url, "user1")
-            expect(dark_page.locator('[data-testid="message"][data-state="streaming"]')).to_contain_text("word20")
-            dark_page.screenshot(path=str(OUT / "chat-desktop-dark.png"))
-
-            phone = browser.new_context(
-                viewport={"width": 390, "height": 844},
-                device_scale_factor=2,
-                is_mobile=True,
-                has_touch=True,
-                color_scheme="light",
-            )
-            small = phone.new_page()
-            login(small, server.base_url, "user1")
-            expect(small.locator('[data-testid="message"][data-state="streaming"]')).to_contain_text("word30")
-            small.screenshot(path=str(OUT / "chat-phone.png"))
-            small.get_by_test_id("toggle-sidebar").click()
-            small.wait_for_timeout(400)  # the slide-in transition
-            small.screenshot(path=str(OUT / "chat-phone-sessions.png"))
-            phone_dark = browser.new_context(
-                viewport={"width": 390, "height": 844},
-                device_scale_factor=2,
-                is_mobile=True,
-                has_touch=True,
-                color_scheme="dark",
-            )
-            small_dark = phone_dark.new_page()
-            login(small_dark, server.base_url, "user1")
-            expect(small_dark.locator('[data-testid="message"][data-state="streaming"]')).to_contain_text("word40")
-            small_dark.screenshot(path=str(OUT / "chat-phone-dark.png"))
+            tools_screenshot(browser, server, "user2")
+            if not only_tools:
+                page_screenshots(browser, server, "user1")
             browser.close()
     finally:
         server.cleanup()
     names = (
-        "chat-desktop.png",
-        "chat-desktop-dark.png",
-        "chat-phone.png",
-        "chat-phone-sessions.png",
-        "chat-phone-dark.png",
+        ("chat-tools.png",)
+        if only_tools
+        else (
+            "chat-desktop.png",
+            "chat-desktop-dark.png",
+            "chat-phone.png",
+            "chat-phone-sessions.png",
+            "chat-phone-dark.png",
+            "chat-tools.png",
+        )
     )
     for name in names:
         path: Path = OUT / name
