@@ -22,6 +22,8 @@ ROWS = [
     "ack_p50_1",
     "ack_p99_one_user",
     "ack_p99_50",
+    "tool_turns_10",
+    "tool_turn_max",
     "resend_1",
     "resend_10",
     "connect_p50",
