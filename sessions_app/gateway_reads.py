@@ -239,7 +239,7 @@ def resolved_approvals(approval_ids: set[str]) -> list[ToolApproval]:
     qs = ToolApproval.objects.select_related("tool_call__run__session").defer(
         *(f"tool_call__run__{n}" for n in _HEAVY_RUN_FIELDS)
     )
-    return list(qs.filter(approval_id__in=approval_ids).exclude(decision=""))
+    return list(qs.filter(approval_id__in=approval_ids).resolved())
 
 
 def tool_call(pk: int) -> ToolCall:
@@ -248,3 +248,11 @@ def tool_call(pk: int) -> ToolCall:
 
 def approval(pk: int) -> ToolApproval:
     return ToolApproval.objects.get(pk=pk)
+
+
+def pending_approvals(*, user_id: int | None) -> list[ToolApproval]:
+    """The pending approvals of one user (None: everyone's, for staff), oldest first, with call, run and session."""
+    qs = ToolApproval.objects.pending().select_related("tool_call__run__session")
+    if user_id is not None:
+        qs = qs.filter(owner_id=user_id)
+    return list(qs.order_by("id")[:500])

@@ -218,6 +218,15 @@ class ApprovalDecision(models.TextChoices):
     CANCELLED = "cancelled"
 
 
+class ToolApprovalQuerySet(models.QuerySet["ToolApproval"]):
+    def pending(self) -> ToolApprovalQuerySet:
+        """Still waiting for a decision (the one definition: no decision recorded)."""
+        return self.filter(decision="")
+
+    def resolved(self) -> ToolApprovalQuerySet:
+        return self.exclude(decision="")
+
+
 class ToolApproval(models.Model):
     """The approval a tool call waits for; the first decision wins."""
 
@@ -231,6 +240,8 @@ class ToolApproval(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     expires_at = models.DateTimeField()
     resolved_at = models.DateTimeField(null=True, blank=True)
+
+    objects = ToolApprovalQuerySet.as_manager()
 
     class Meta:
         indexes = [

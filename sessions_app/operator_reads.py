@@ -198,7 +198,7 @@ def processes_with_liveness() -> QuerySet[GatewayProcess]:
 
 def pending_approvals() -> QuerySet[ToolApproval]:
     """Approvals still waiting for a decision."""
-    return ToolApproval.objects.filter(decision="")
+    return ToolApproval.objects.pending()
 
 
 def runs_waiting_on_approval() -> QuerySet[Any]:

@@ -12,6 +12,7 @@ from chat.methods.handlers import Conn, Reply, call, method
 from chat.protocol import frames, wire
 from chat.protocol.frames import Scope
 from chat.runtime.db import db_read
+from sessions_app import gateway_reads
 from sessions_app.lifecycle import tools
 from sessions_app.models import ToolApproval
 
@@ -21,7 +22,7 @@ def _requests(approvals: list[ToolApproval]) -> list[dict[str, Any]]:
 
 
 def _pending(user_id: int | None) -> list[dict[str, Any]]:
-    return _requests(tools.pending_approvals(user_id=user_id))
+    return _requests(gateway_reads.pending_approvals(user_id=user_id))
 
 
 @method("plugin.approval.list", scope=Scope.APPROVALS)

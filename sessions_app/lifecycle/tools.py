@@ -12,8 +12,9 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from sessions_app.lifecycle import toolstate
@@ -72,15 +73,7 @@ def record_calls(run_pk: int, *, step: int, calls: list[NewCall], reply_offset: 
             for i, c in enumerate(calls)
         ]
         ToolCall.objects.bulk_create(rows)  # primary keys come back (RETURNING: PostgreSQL, SQLite >= 3.35)
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"UPDATE {Run._meta.db_table} SET stream_seq = stream_seq + %s, tool_calls = tool_calls + %s "
-                "WHERE id = %s RETURNING stream_seq, tool_calls",
-                [len(rows), len(rows), run.pk],
-            )
-            seq, run.tool_calls = cursor.fetchone()
-        run.stream_seq = int(seq)
-        first = run.stream_seq - len(rows) + 1
+        first = toolstate.take_seqs(run, len(rows), new_calls=len(rows))
         for i, row in enumerate(rows):
             toolstate.emit(
                 row,
@@ -105,17 +98,24 @@ def _lock_call(call_pk: int) -> tuple[ChatSession, Run, ToolCall] | None:
     return None if call is None else (found[0], found[1], call)
 
 
+def _leave_pending(call_pk: int, to_state: str, **values: Any) -> tuple[ChatSession, Run, ToolCall] | None:
+    """Move a `pending` call of an active run on (the caller's transaction); None when it may not."""
+    found = _lock_call(call_pk)
+    if found is None:
+        return None
+    _session, run, call = found
+    if run.state not in ACTIVE_STATES or call.state != ToolCallState.PENDING:
+        return None
+    return found if toolstate.set_state(call, to_state, **values) else None
+
+
 def begin_call(call_pk: int) -> bool:
     """pending -> running, committed before the request is written to the server; False: do not run it."""
     with transaction.atomic():
-        found = _lock_call(call_pk)
+        found = _leave_pending(call_pk, ToolCallState.RUNNING, started_at=timezone.now())
         if found is None:
             return False
         session, run, call = found
-        if run.state not in ACTIVE_STATES or call.state != ToolCallState.PENDING:
-            return False
-        if not toolstate.set_state(call, ToolCallState.RUNNING, started_at=timezone.now()):
-            return False
         toolstate.emit(
             call, run, session, from_state=ToolCallState.PENDING, reason="tool.started", actor=Actor.SYSTEM, event=""
         )
@@ -159,14 +159,10 @@ def finish_call(
 def request_approval(call_pk: int, *, expires_at: datetime) -> ToolApproval | None:
     """pending -> pending_approval with its approval; the row says `waitingFor: approval`. None: run over."""
     with transaction.atomic():
-        found = _lock_call(call_pk)
+        found = _leave_pending(call_pk, ToolCallState.PENDING_APPROVAL)
         if found is None:
             return None
         session, run, call = found
-        if run.state not in ACTIVE_STATES or call.state != ToolCallState.PENDING:
-            return None
-        if not toolstate.set_state(call, ToolCallState.PENDING_APPROVAL):
-            return None
         approval = ToolApproval.objects.create(
             approval_id=f"ap_{secrets.token_hex(12)}",
             tool_call=call,
@@ -203,7 +199,7 @@ def _set_waiting(session: ChatSession, run: Run, waiting: str) -> None:
 
 def _settle_waiting(session: ChatSession, run: Run) -> None:
     """Clear the row's `waitingFor` once no approval of the run is pending."""
-    if not ToolApproval.objects.filter(tool_call__run=run, decision="").exists():
+    if not ToolApproval.objects.filter(tool_call__run=run).pending().exists():
         _set_waiting(session, run, "")
 
 
@@ -252,14 +248,6 @@ def expire_approval(approval_pk: int) -> ToolApproval | None:
             )
             _settle_waiting(session, run)
         return approval
-
-
-def pending_approvals(*, user_id: int | None) -> list[ToolApproval]:
-    """The pending approvals of one user (None: everyone's, for staff), oldest first."""
-    qs = ToolApproval.objects.select_related("tool_call__run__session").filter(decision="")
-    if user_id is not None:
-        qs = qs.filter(owner_id=user_id)
-    return list(qs.order_by("id")[:500])
 
 
 # --- repairs (gateway_doctor --fix) ---------------------------------------------------------------

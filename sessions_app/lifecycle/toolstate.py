@@ -62,15 +62,17 @@ def emit(
     )
 
 
-def take_seqs(run: Run, count: int) -> int:
-    """Take `count` event seqs of the run (tool events interleave with its chat events); the first."""
+def take_seqs(run: Run, count: int, *, new_calls: int = 0) -> int:
+    """Take `count` event seqs of the run (tool events interleave with its chat events) and count
+    `new_calls` more tool calls on it, in one statement; the first seq taken."""
     with connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE {Run._meta.db_table} SET stream_seq = stream_seq + %s WHERE id = %s RETURNING stream_seq",
-            [count, run.pk],
+            f"UPDATE {Run._meta.db_table} SET stream_seq = stream_seq + %s, tool_calls = tool_calls + %s "
+            "WHERE id = %s RETURNING stream_seq, tool_calls",
+            [count, new_calls, run.pk],
         )
-        row = cursor.fetchone()
-    run.stream_seq = int(row[0])
+        seq, calls = cursor.fetchone()
+    run.stream_seq, run.tool_calls = int(seq), int(calls)
     return run.stream_seq - count + 1
 
 
@@ -177,7 +179,7 @@ def close_open(run: Run, session: ChatSession, *, to_state: str, stop_reason: st
     calls = list(ToolCall.objects.filter(run=run, state__in=TOOL_OPEN_STATES).order_by("seq"))
     if not calls:
         return
-    approvals = {a.tool_call_id: a for a in ToolApproval.objects.filter(tool_call__in=calls, decision="")}
+    approvals = {a.tool_call_id: a for a in ToolApproval.objects.filter(tool_call__in=calls).pending()}
     stopped = to_state in (RunState.KILLED, RunState.TIMEOUT)
     why = stop_reason or to_state
     for call in calls:
