@@ -210,6 +210,13 @@ class ToolCall(models.Model):
     def is_terminal(self) -> bool:
         return self.state in TOOL_TERMINAL_STATES
 
+    @property
+    def duration_ms(self) -> int | None:
+        """From its start (`running`) to its end; None for a call that never ran or has not ended."""
+        if self.started_at is None or self.ended_at is None:
+            return None
+        return max(0, int((self.ended_at - self.started_at).total_seconds() * 1000))
+
 
 class ApprovalDecision(models.TextChoices):
     ALLOW_ONCE = "allow-once"

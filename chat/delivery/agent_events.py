@@ -30,11 +30,6 @@ def run_facts(run: Run) -> dict[str, Any]:
     }
 
 
-def agent_id_of(session_key: str) -> str:
-    """The agent of a canonical key `agent:<agentId>:<name>`."""
-    return session_key.split(":", 2)[1]
-
-
 def agent_events(chat: dict[str, Any], facts: dict[str, Any] | None, replied: int) -> tuple[list[dict[str, Any]], int]:
     """The `agent` payloads for one `chat` payload, and how much reply text they leave delivered.
 
@@ -49,7 +44,7 @@ def agent_events(chat: dict[str, Any], facts: dict[str, Any] | None, replied: in
         "runId": chat["runId"],
         "sessionKey": chat["sessionKey"],
         "sessionId": chat.get("sessionId"),
-        "agentId": agent_id_of(chat["sessionKey"]),
+        "agentId": wire.agent_id_of(chat["sessionKey"]),
     }
     out: list[dict[str, Any]] = []
 

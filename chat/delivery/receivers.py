@@ -71,7 +71,7 @@ def on_tool_changed(
         data = wire.tool_start_data(call)
     elif event == "result":
         data = wire.tool_result_data(call)
-        took = (call.ended_at - call.started_at).total_seconds() if call.started_at and call.ended_at else None
+        took = None if call.duration_ms is None else call.duration_ms / 1000
         ended = partial(metrics.tool_call_ended, call.server, call.state, call.error_kind, took)
         transaction.on_commit(ended, robust=True)
     elif event in ("approval", "approval.resolved") and approval is not None:

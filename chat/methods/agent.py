@@ -116,7 +116,7 @@ def accepted_payload(run: Run, session_key: str, session_id: str, queue_position
         "runId": run.run_id,
         "sessionKey": session_key,
         "sessionId": session_id,
-        "agentId": agent_events.agent_id_of(session_key),
+        "agentId": wire.agent_id_of(session_key),
         "status": "accepted",
         "acceptedAt": wire.now_ms(),
     }
@@ -131,7 +131,7 @@ def final_answer(run: Run | None, run_id: str, session_key: str) -> tuple[dict[s
     `run` None: the run went with its deleted session, which aborted it (stopReason `delete`).
     """
     if run is not None and run.state == RunState.DONE:
-        agent = settings.GATEWAY_AGENTS.get(agent_events.agent_id_of(session_key), {})
+        agent = settings.GATEWAY_AGENTS.get(wire.agent_id_of(session_key), {})
         inp, outp = run.prompt_tokens, run.completion_tokens
         total = inp + outp if inp is not None and outp is not None else None
         return {

@@ -123,6 +123,11 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def agent_id_of(session_key: str) -> str:
+    """The agent of a canonical key `agent:<agentId>:<name>`."""
+    return session_key.split(":", 2)[1]
+
+
 # --- session rows (§7) ----------------------------------------------------------------------------
 
 
@@ -435,8 +440,8 @@ def tool_result_data(call: ToolCall) -> dict[str, Any]:
         "status": call.state,
         "result": {"content": tool_content(call.result)},
     }
-    if call.started_at is not None and call.ended_at is not None:
-        data["meta"] = {"durationMs": max(0, int((call.ended_at - call.started_at).total_seconds() * 1000))}
+    if call.duration_ms is not None:
+        data["meta"] = {"durationMs": call.duration_ms}
     return data
 
 
@@ -446,7 +451,7 @@ def agent_event(run: Run, session_key: str, seq: int, stream: str, data: dict[st
         "runId": run.run_id,
         "sessionKey": session_key,
         "sessionId": str(run.session_generation),
-        "agentId": session_key.split(":", 2)[1],
+        "agentId": agent_id_of(session_key),
         "stream": stream,
         "data": data,
         "seq": seq,
@@ -477,7 +482,7 @@ def approval_request(approval: ToolApproval, call: ToolCall, run: Run, session_k
             "toolCallId": call.call_id,
             "mcpTool": {"server": call.server, "tool": call.tool},
             "allowedDecisions": ["allow-once", "deny"],
-            "agentId": session_key.split(":", 2)[1],
+            "agentId": agent_id_of(session_key),
             "sessionKey": session_key,
             "runId": run.run_id,
         },

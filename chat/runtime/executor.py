@@ -13,7 +13,7 @@ import contextvars
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from django.conf import settings
@@ -23,6 +23,7 @@ from chat.protocol import wire
 from chat.runtime.backends import BackendError, BackendTimeout, DispatchError, RunContext, capped, get_backend
 from chat.runtime.db import db_read, db_write
 from chat.runtime.tools.host import ToolHost, config_error, tool_config
+from chat.runtime.tools.servers import model_name
 from chat.web import metrics
 from gatewayproject import logs
 from sessions_app import gateway_reads
@@ -108,14 +109,12 @@ class RunExecutor:
         self.bookkeeping.add(task)
         task.add_done_callback(self.bookkeeping.discard)
 
-    # --- waiting (chat.send waitMs) -------------------------------------------------------------
+    # --- waiting (chat.send waitMs, a tool call awaiting its approval) ----------------------------
 
     async def wait_terminal(self, run_pk: int, timeout: float) -> Run | None:
         """Wait until the run is terminal or `timeout` passes; return the run as stored."""
-        event = asyncio.Event()
-        self.waiters.setdefault(run_pk, set()).add(event)
         deadline = time.monotonic() + timeout
-        try:
+        with self._waiter(run_pk) as event:
             while True:
                 run = await db_read(gateway_reads.get_run, run_pk)
                 if run is None or run.is_terminal:
@@ -127,20 +126,19 @@ class RunExecutor:
                 # The local notification is fast; the poll covers runs on other processes.
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), min(remaining, 0.5))
-        finally:
-            events = self.waiters.get(run_pk)
-            if events is not None:
-                events.discard(event)
-                if not events:
-                    del self.waiters[run_pk]
 
     async def wait_change(self, run_pk: int, timeout: float) -> None:
         """Until the run (or one of its tool calls or approvals) changes here, or `timeout` passes."""
+        with self._waiter(run_pk) as event, contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout)
+
+    @contextlib.contextmanager
+    def _waiter(self, run_pk: int) -> Iterator[asyncio.Event]:
+        """An event `notify(run_pk)` sets, registered for as long as the block lasts."""
         event = asyncio.Event()
         self.waiters.setdefault(run_pk, set()).add(event)
         try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), timeout)
+            yield event
         finally:
             events = self.waiters.get(run_pk)
             if events is not None:
@@ -339,7 +337,7 @@ def _transcript(run: Run, window: int) -> list[dict[str, Any]]:
             item["tools"] = [
                 {
                     "id": c.call_id,
-                    "name": f"{c.server}__{c.tool}" if c.server else c.tool,
+                    "name": model_name(c.server, c.tool),
                     "arguments": c.arguments,
                     "result": c.result,
                     "status": c.state,

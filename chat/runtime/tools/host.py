@@ -229,7 +229,7 @@ class ToolHost:
             else:
                 assert item.spec is not None
                 await self._run_one(row, item.spec, item.args)
-            final = await db_read(_call, row.pk)
+            final = await db_read(gateway_reads.tool_call, row.pk)
             results.append(
                 ToolResult(
                     call_id=final.call_id,
@@ -310,7 +310,7 @@ class ToolHost:
     async def _decision(self, approval: ToolApproval) -> str:
         """Wait for the approval's decision; at its expiry, resolve it `expired` (fail closed)."""
         while True:
-            current = await db_read(_approval, approval.pk)
+            current = await db_read(gateway_reads.approval, approval.pk)
             if current.decision:
                 return current.decision
             left = (current.expires_at - timezone.now()).total_seconds()
@@ -332,11 +332,3 @@ class ToolHost:
         session = self.run.session
         agent = wire.agent_event(self.run, session.key, self.run.stream_seq, "tool", data)
         broadcaster.send(session.owner_id, tool_message(session.owner_id, self.run.pk, row.call_id, "update", agent))
-
-
-def _call(pk: int) -> ToolCall:
-    return gateway_reads.tool_call(pk)
-
-
-def _approval(pk: int) -> ToolApproval:
-    return gateway_reads.approval(pk)

@@ -86,6 +86,11 @@ _HTTP_SESSION_GONE = "Session terminated"  # what the SDK's HTTP transport repor
 ProgressCallback = Callable[[float, float | None, str | None], Awaitable[None]]
 
 
+def model_name(server: str, tool: str) -> str:
+    """The OpenAI function name of a server's tool (`NAME__tool`); a bare name for one of no server."""
+    return f"{server}__{tool}" if server else tool
+
+
 @dataclass(frozen=True)
 class ToolSpec:
     server: str  # config name, ^[a-z0-9_-]{1,32}$
@@ -100,7 +105,7 @@ class ToolSpec:
 
     @property
     def model_name(self) -> str:
-        return f"{self.server}__{self.tool}"  # OpenAI function name
+        return model_name(self.server, self.tool)
 
 
 @dataclass(frozen=True)
