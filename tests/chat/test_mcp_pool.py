@@ -20,9 +20,9 @@ import pytest
 
 from chat.runtime.tools import servers as tools_servers
 from chat.runtime.tools.servers import ServerPool, ToolServerError, validate_servers
+from tests.support.tools import TEST_SERVER
 
 ROOT = Path(__file__).resolve().parents[2]
-TEST_SERVER = str(ROOT / "tests" / "support" / "mcp_test_server.py")
 
 pytestmark = pytest.mark.timeout(30)
 

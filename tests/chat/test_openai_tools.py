@@ -23,12 +23,11 @@ from sessions_app.models import Run, ToolCall
 from tests.support.communicator import Client, open_client
 from tests.support.db import open_tool_calls
 from tests.support.fake_openai import FakeOpenAI, Reply, ToolCallReply, agent_config, running_fake, tool_reply
+from tests.support.tools import TEST_SERVER, TOOL_CONNECT, results, tool_events
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 
 KEY = "agent:llm:chat"
-TOOL_CONNECT = {"caps": ["tool-events"], "scopes": ["operator.read", "operator.write", "operator.approvals"]}
-TEST_SERVER = str(Path(__file__).resolve().parents[2] / "tests" / "support" / "mcp_test_server.py")
 
 
 @pytest.fixture
@@ -62,14 +61,6 @@ async def tool_client(alice: tuple[Any, str], use_agent: Any) -> AsyncIterator[C
 async def send(client: Client, run_id: str, message: str) -> dict[str, Any]:
     # The first send of a test starts the MCP server before its ack: allow for a slow machine.
     return await client.ok("chat.send", {"sessionKey": KEY, "message": message, "idempotencyKey": run_id}, 30)
-
-
-def tool_events(client: Client, run_id: str) -> list[dict[str, Any]]:
-    return [p["data"] for p in client.agent_events(run_id) if p["stream"] == "tool"]
-
-
-def results(client: Client, run_id: str) -> list[dict[str, Any]]:
-    return [d for d in tool_events(client, run_id) if d["phase"] == "result"]
 
 
 def result_text(event: dict[str, Any]) -> str:

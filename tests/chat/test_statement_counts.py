@@ -92,7 +92,7 @@ async def test_a_tool_call_costs_a_pinned_number_of_statements(
     """A turn with one tool call (no approval) costs the plain turn plus a fixed number, whatever the tool."""
     import sys
 
-    from tests.chat.test_tools_promises import TEST_SERVER as server
+    from tests.support.tools import TEST_SERVER as server
 
     settings.GATEWAY_AGENTS = {
         "main": {

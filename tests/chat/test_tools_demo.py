@@ -11,10 +11,9 @@ import pytest
 
 from tests.support.communicator import open_client
 from tests.support.db import open_tool_calls
+from tests.support.tools import TOOL_CONNECT, tool_events
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-TOOL_CONNECT = {"caps": ["tool-events"], "scopes": ["operator.read", "operator.write", "operator.approvals"]}
 
 
 @pytest.fixture
@@ -29,10 +28,6 @@ async def tool_client(alice: tuple[Any, str], notes_dir: Path) -> Any:
     c = await open_client(alice[1], params=TOOL_CONNECT)
     yield c
     await c.close()
-
-
-def tool_events(client: Any, run_id: str, stream: str = "tool") -> list[dict[str, Any]]:
-    return [p["data"] for p in client.agent_events(run_id) if p["stream"] == stream]
 
 
 async def send(client: Any, message: str, run_id: str) -> dict[str, Any]:

@@ -15,12 +15,9 @@ from chat.protocol.frames import encode
 from sessions_app.models import LifecycleEvent, ToolApproval, ToolCall
 from tests.support.communicator import open_client
 from tests.support.db import open_tool_calls
+from tests.support.tools import TEST_SERVER, TOOL_CONNECT, executions, results
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-ROOT = Path(__file__).resolve().parents[2]
-TEST_SERVER = str(ROOT / "tests" / "support" / "mcp_test_server.py")
-TOOL_CONNECT = {"caps": ["tool-events"], "scopes": ["operator.read", "operator.write", "operator.approvals"]}
 
 
 @pytest.fixture
@@ -47,16 +44,6 @@ async def tc(alice: tuple[Any, str], agent: dict[str, Any]) -> Any:
     c = await open_client(alice[1], params=TOOL_CONNECT)
     yield c
     await c.close()
-
-
-def executions(count_file: Path) -> int:
-    return (
-        sum(1 for line in count_file.read_text().splitlines() if line.startswith("call")) if count_file.exists() else 0
-    )
-
-
-def results(client: Any, run_id: str) -> list[dict[str, Any]]:
-    return [p["data"] for p in client.agent_events(run_id) if p["stream"] == "tool" and p["data"]["phase"] == "result"]
 
 
 async def send(client: Any, message: str, run_id: str) -> dict[str, Any]:

@@ -13,13 +13,11 @@ import pytest
 
 from tests.e2e.test_recovery_process import db_rows, is_chat
 from tests.support.servers import create_token, prepare_database, start_server, ws_client
+from tests.support.tools import TEST_SERVER, TOOL_CONNECT, executions
 
 pytestmark = pytest.mark.server
 
-ROOT = Path(__file__).resolve().parents[2]
-TEST_SERVER = str(ROOT / "tests" / "support" / "mcp_test_server.py")
 RECOVERY_SECONDS = 8.0
-TOOL_CONNECT = {"caps": ["tool-events"], "scopes": ["operator.read", "operator.write", "operator.approvals"]}
 
 
 @pytest.fixture
@@ -40,12 +38,6 @@ def env(tmp_path: Path, count_file: Path) -> dict[str, str]:
         }
     }
     return prepare_database(tmp_path, GATEWAY_RECOVERY_SECONDS=str(RECOVERY_SECONDS), GATEWAY_AGENTS=json.dumps(agents))
-
-
-def executions(count_file: Path) -> int:
-    if not count_file.exists():
-        return 0
-    return sum(1 for line in count_file.read_text().splitlines() if line.startswith("call"))
 
 
 def saw_cancellation(count_file: Path) -> bool:
