@@ -87,6 +87,19 @@ class RowAnnotatedChangeList(ChangeList):
             self.result_list = self.model_admin.page_rows(self.result_list, request)  # type: ignore[attr-defined]
 
 
+class ReadOnlyMixin:
+    """A record operators look at and never edit (its rows change through the services alone)."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 class RowAnnotationsMixin:
     """ModelAdmin helper: `annotate_rows(qs, request)` (joins) and `decorate_rows(rows, request)` (set-based
     lookups, one query each) apply to the listed rows and the object page only."""

@@ -9,13 +9,14 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from sessions_app import operator_reads
+from sessions_app.admin.common import ReadOnlyMixin
 from sessions_app.models import (
     GatewayProcess,
 )
 
 
 @admin.register(GatewayProcess)
-class GatewayProcessAdmin(admin.ModelAdmin):
+class GatewayProcessAdmin(ReadOnlyMixin, admin.ModelAdmin):
     list_display = ("server_id", "hostname", "pid", "started_at", "heartbeat_at", "live", "busy", "stopped_at")
     ordering = ("-started_at",)
 
@@ -29,12 +30,3 @@ class GatewayProcessAdmin(admin.ModelAdmin):
     @admin.display(boolean=True, description="has active runs")
     def busy(self, obj: Any) -> bool:
         return bool(obj.has_active_runs)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

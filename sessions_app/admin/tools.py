@@ -9,7 +9,7 @@ may carry 64 KiB of each).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django.contrib import admin
 from django.db.models import F, QuerySet
@@ -19,7 +19,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from sessions_app.admin.common import RowAnnotationsMixin, duration, timeline_events, timeline_table
+from sessions_app.admin.common import ReadOnlyMixin, RowAnnotationsMixin, duration, timeline_events, timeline_table
 from sessions_app.models import (
     TOOL_OPEN_STATES,
     LifecycleEvent,
@@ -185,7 +185,7 @@ class ToolErrorKindFilter(admin.SimpleListFilter):
 
 
 @admin.register(ToolCall)
-class ToolCallAdmin(RowAnnotationsMixin, admin.ModelAdmin):
+class ToolCallAdmin(ReadOnlyMixin, RowAnnotationsMixin, admin.ModelAdmin):
     """Read-only: a call changes only through the lifecycle (it runs at most once, ends once)."""
 
     list_display = (
@@ -234,35 +234,8 @@ class ToolCallAdmin(RowAnnotationsMixin, admin.ModelAdmin):
         ("Times", {"fields": ("created_at", "started_at", "ended_at", "call_duration")}),
         ("Lifecycle audit", {"fields": ("timeline",)}),
     )
-    readonly_fields = (
-        "call_id",
-        "tool_name",
-        "state_text",
-        "error",
-        "run_link",
-        "session_link",
-        "owner_name",
-        "seq",
-        "step",
-        "model_call_id",
-        "arguments_text",
-        "result_text",
-        "approval_details",
-        "created_at",
-        "started_at",
-        "ended_at",
-        "call_duration",
-        "timeline",
-    )
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+    # every field shown is read-only: state changes only through the lifecycle
+    readonly_fields = tuple(name for _title, options in fieldsets for name in cast(tuple[str, ...], options["fields"]))
 
     def annotate_rows(self, queryset: QuerySet[Any], request: HttpRequest) -> QuerySet[Any]:
         qs = queryset.select_related("approval").annotate(

@@ -187,39 +187,12 @@ def close_open(run: Run, session: ChatSession, *, to_state: str, stop_reason: st
         if approval is not None:
             decide(approval, call, run, session, ApprovalDecision.CANCELLED, by="system", by_user_id=None, actor=actor)
             continue
-        if call.state == ToolCallState.RUNNING and not stopped:
-            end_call(
-                call,
-                run,
-                session,
-                ToolCallState.UNKNOWN,
-                result=UNKNOWN_TEXT,
-                is_error=True,
-                error_kind="unknown",
-                reason="tool.unknown",
-                actor=actor,
-            )
-        elif call.state == ToolCallState.RUNNING:
-            end_call(
-                call,
-                run,
-                session,
-                ToolCallState.CANCELLED,
-                result=CANCELLED_TEXT.format(why=why),
-                is_error=True,
-                error_kind="cancelled",
-                reason="tool.cancelled",
-                actor=actor,
-            )
+        if call.state != ToolCallState.RUNNING:
+            state, text, kind = ToolCallState.CANCELLED, NOT_STARTED_TEXT, "cancelled"
+        elif stopped:
+            state, text, kind = ToolCallState.CANCELLED, CANCELLED_TEXT.format(why=why), "cancelled"
         else:
-            end_call(
-                call,
-                run,
-                session,
-                ToolCallState.CANCELLED,
-                result=NOT_STARTED_TEXT,
-                is_error=True,
-                error_kind="cancelled",
-                reason="tool.cancelled",
-                actor=actor,
-            )
+            state, text, kind = ToolCallState.UNKNOWN, UNKNOWN_TEXT, "unknown"
+        end_call(
+            call, run, session, state, result=text, is_error=True, error_kind=kind, reason=f"tool.{state}", actor=actor
+        )

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 
@@ -14,6 +13,8 @@ import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
+
+from chat.runtime.tools.demo_server import serve
 
 READ_ONLY = ToolAnnotations(read_only_hint=True)
 WRITES = ToolAnnotations(read_only_hint=False, idempotent_hint=False)
@@ -114,13 +115,7 @@ async def grow(name: str, ctx: Context) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--http", type=int, metavar="PORT")
-    args = parser.parse_args()
-    if args.http is not None:
-        server.run("streamable-http", host="127.0.0.1", port=args.http)
-    else:
-        server.run()
+    serve(server, __doc__.splitlines()[0] if __doc__ else None)
 
 
 if __name__ == "__main__":

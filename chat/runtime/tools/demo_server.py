@@ -136,14 +136,19 @@ def list_notes() -> str:
     return "\n".join(notes) if notes else "No notes yet."
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+def serve(mcp_server: MCPServer, description: str | None, argv: list[str] | None = None) -> None:
+    """Run an MCP server from the command line: stdio, or `--http PORT` for streamable HTTP on loopback."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--http", type=int, metavar="PORT", help="serve streamable HTTP on 127.0.0.1:PORT")
     args = parser.parse_args(argv)
     if args.http is not None:
-        server.run("streamable-http", host="127.0.0.1", port=args.http)
+        mcp_server.run("streamable-http", host="127.0.0.1", port=args.http)
     else:
-        server.run()
+        mcp_server.run()
+
+
+def main(argv: list[str] | None = None) -> None:
+    serve(server, __doc__.splitlines()[0] if __doc__ else None, argv)
 
 
 if __name__ == "__main__":
