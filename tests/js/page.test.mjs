@@ -21,15 +21,9 @@ import {
   storedOutbox,
 } from "../../static/chat/state.js";
 import { RequestError } from "../../static/chat/client.js";
+import { GEN, KEY, run } from "./support.mjs";
 
-const KEY = "agent:main:main";
-const GEN = "11111111-1111-1111-1111-111111111111";
 
-function run(state, actions) {
-  let s = state;
-  for (const a of actions) s = reduce(s, a);
-  return s;
-}
 
 function online(policy = {}) {
   return run(initialState(), [

@@ -14,18 +14,11 @@ import {
   reduce,
   sessionList,
 } from "../../static/chat/state.js";
+import { GEN, KEY, OTHER, run } from "./support.mjs";
 
-const KEY = "agent:main:main";
-const OTHER = "agent:main:other";
-const GEN = "11111111-1111-1111-1111-111111111111";
 
 // --- helpers ------------------------------------------------------------------------------------
 
-function run(state, actions) {
-  let s = state;
-  for (const a of actions) s = reduce(s, a);
-  return s;
-}
 
 /** A connected page with the main session open. */
 function online() {

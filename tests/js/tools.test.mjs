@@ -8,19 +8,12 @@ import { describe, test } from "node:test";
 import { conversation, initialState, needsApproval, pendingApprovals, reduce, sessionList } from "../../static/chat/state.js";
 import { formatArgs, formatProgress, formatTimeLeft, resultText, toolCardView } from "../../static/chat/tools.js";
 import { createToolCard, updateCountdown, updateToolCard } from "../../static/chat/toolcard.js";
+import { GEN, KEY, OTHER, run } from "./support.mjs";
 
-const KEY = "agent:main:main";
-const OTHER = "agent:main:other";
-const GEN = "11111111-1111-1111-1111-111111111111";
 const XSS = '<img src=x onerror="alert(1)"><script>alert(2)</script>';
 
 // --- helpers ------------------------------------------------------------------------------------
 
-function run(state, actions) {
-  let s = state;
-  for (const a of actions) s = reduce(s, a);
-  return s;
-}
 
 function online() {
   return run(initialState(), [
