@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from typing import Any
@@ -14,13 +13,7 @@ import pytest
 
 from chat.runtime.backends import BackendError, BackendTimeout, DispatchError, RunContext
 from chat.runtime.backends.openai_backend import AgentSettings, OpenAIBackend, build_messages
-from tests.support.fake_openai import FakeOpenAI, Reply, agent_config, closed_port_url, running_fake
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeOpenAI]:
-    async with running_fake() as server:
-        yield server
+from tests.support.fake_openai import FakeOpenAI, Reply, agent_config, closed_port_url
 
 
 def make_ctx(message: str = "hi", history: list[dict[str, Any]] | None = None, **kwargs: Any) -> RunContext:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -13,17 +12,11 @@ from channels.db import database_sync_to_async
 from sessions_app.models import Run
 from tests.support.communicator import Client
 from tests.support.db import send_params
-from tests.support.fake_openai import FakeOpenAI, Reply, agent_config, closed_port_url, running_fake
+from tests.support.fake_openai import FakeOpenAI, Reply, agent_config, closed_port_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 KEY = "agent:llm:chat"
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeOpenAI]:
-    async with running_fake() as server:
-        yield server
 
 
 @pytest.fixture

@@ -22,18 +22,12 @@ from chat.runtime.backends.openai_backend import AgentSettings, build_messages
 from sessions_app.models import Run, ToolCall
 from tests.support.communicator import Client, open_client
 from tests.support.db import open_tool_calls
-from tests.support.fake_openai import FakeOpenAI, Reply, ToolCallReply, agent_config, running_fake, tool_reply
+from tests.support.fake_openai import FakeOpenAI, Reply, ToolCallReply, agent_config, tool_reply
 from tests.support.tools import TEST_SERVER, TOOL_CONNECT, results, tool_events
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 
 KEY = "agent:llm:chat"
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeOpenAI]:
-    async with running_fake() as server:
-        yield server
 
 
 @pytest.fixture
