@@ -43,6 +43,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def gateway_server() -> Iterator[GatewayServer]:
     """One server for the whole browser suite (DEBUG off, temporary SQLite, users user1..userN)."""
     server = GatewayServer(users=USERS, extra_env=AGENTS_ENV)
+    server.env["AGENTGATE_NOTES_DIR"] = str(server.tmp / "notes")  # the demo MCP server's notes
     try:
         server.prepare()
         server.start()

@@ -2,59 +2,30 @@
 
 The default `main` agent is the scripted agent with the built-in demo MCP server: a message with
 `[[tool:demo.calculate {...}]]` runs a read-only tool at once, `[[tool:demo.add_note {...}]]` asks for
-approval first. This module has a server of its own, so the demo server writes its notes to a
-temporary folder (AGENTGATE_NOTES_DIR) and not to ./notes under the project.
+approval first. The suite's server gives the demo server a temporary notes folder (AGENTGATE_NOTES_DIR).
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from playwright.sync_api import Locator, Page, expect
 
-from .conftest import AGENTS_ENV
 from .server import GatewayServer
 
 pytestmark = pytest.mark.browser
 
-USERS = 8  # one per test, and to spare
 # The first tool call starts the demo MCP server (a Python subprocess): slow on a busy machine.
 SLOW = 30_000
 
 
-@pytest.fixture(scope="module")
-def tools_server() -> Iterator[GatewayServer]:
-    """A server of this module's own: the demo server's notes go to its temporary folder."""
-    server = GatewayServer(users=USERS, extra_env=AGENTS_ENV)
-    server.env["AGENTGATE_NOTES_DIR"] = str(server.tmp / "notes")
-    try:
-        server.prepare()
-        server.start()
-        yield server
-    finally:
-        server.cleanup()
-
-
-@pytest.fixture(scope="module")
-def _numbers() -> Iterator[int]:
-    return itertools.count(1)
-
-
 @pytest.fixture
-def user(_numbers: Iterator[int]) -> str:
-    number = next(_numbers)
-    assert number <= USERS, "out of test users: raise USERS in test_tools_page.py"
-    return f"user{number}"
-
-
-@pytest.fixture
-def page(tools_server: GatewayServer, open_page: Callable[..., Any], user: str) -> Page:
-    return open_page(tools_server, user)  # type: ignore[no-any-return]
+def page(gateway_server: GatewayServer, open_page: Callable[..., Any], new_user: Callable[[], str]) -> Page:
+    return open_page(gateway_server, new_user())  # type: ignore[no-any-return]
 
 
 def tool(name: str, **args: str) -> str:
