@@ -26,6 +26,7 @@ from sessions_app.models import (
 from sessions_app.operations import doctor
 from sessions_app.tokens import authenticate_token, issue_token
 from tests.support import opsdata
+from tests.support.opsdata import doctor_json
 
 pytestmark = pytest.mark.django_db
 
@@ -202,16 +203,6 @@ def plant(kind: str) -> None:
         ChatSession.objects.filter(pk=active.session_id).update(active_run=None, status=SessionStatus.DONE)
     else:
         raise AssertionError(kind)
-
-
-def doctor_json(**options: Any) -> tuple[dict[str, Any], int]:
-    out = io.StringIO()
-    try:
-        call_command("gateway_doctor", json=True, stdout=out, stderr=io.StringIO(), **options)
-        code = 0
-    except CommandError as exc:
-        code = exc.returncode
-    return json.loads(out.getvalue()), code
 
 
 def test_doctor_is_quiet_on_a_consistent_database() -> None:

@@ -40,6 +40,7 @@ from sessions_app.models import (
 from sessions_app.operations import doctor
 from sessions_app.operations.seed import seed_demo_data
 from tests.support import opsdata
+from tests.support.opsdata import doctor_json
 
 pytestmark = pytest.mark.django_db
 
@@ -78,16 +79,6 @@ def state_of(call: ToolCall) -> str:
 
 
 # --- gateway_doctor ---------------------------------------------------------------------------------------
-
-
-def doctor_json(**options: Any) -> tuple[dict[str, Any], int]:
-    out = io.StringIO()
-    try:
-        call_command("gateway_doctor", json=True, stdout=out, stderr=io.StringIO(), **options)
-        code = 0
-    except CommandError as exc:
-        code = exc.returncode
-    return json.loads(out.getvalue()), code
 
 
 def doctor_text(**options: Any) -> str:

@@ -7,11 +7,14 @@ recovery, the stuck filter and gateway_doctor must find; only tests do that.
 
 from __future__ import annotations
 
+import io
+import json
 import uuid
 from datetime import timedelta
 from typing import Any
 
 from django.contrib.auth import get_user_model
+from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from sessions_app.lifecycle import runs
@@ -82,3 +85,14 @@ def ended_ago(session: ChatSession, delta: timedelta) -> None:
 
 def random_generation() -> uuid.UUID:
     return uuid.uuid4()
+
+
+def doctor_json(**options: Any) -> tuple[dict[str, Any], int]:
+    """`gateway_doctor --json` with these options: its report and exit code."""
+    out = io.StringIO()
+    try:
+        call_command("gateway_doctor", json=True, stdout=out, stderr=io.StringIO(), **options)
+        code = 0
+    except CommandError as exc:
+        code = exc.returncode
+    return json.loads(out.getvalue()), code
