@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PORT ?= 8000
+# pytest workers (pytest-xdist), a test file to a worker so that its module-wide servers start
+# once; TEST_WORKERS=0 runs the suite in one process
+TEST_WORKERS ?= 2
 HOST ?= 127.0.0.1
 
 .PHONY: setup run test lint typecheck bench clean
@@ -27,7 +30,7 @@ test: .setup-stamp
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy gatewayproject chat sessions_app
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 lint: .setup-stamp
 	$(BIN)/ruff check .

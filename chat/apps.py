@@ -16,7 +16,7 @@ class ChatConfig(AppConfig):
         # On import: the state gauges register with Prometheus, the `agent` method with the methods, the checks.
         from chat import checks  # noqa: F401
         from chat.delivery import receivers
-        from chat.methods import agent, tools  # noqa: F401
+        from chat.methods import agent, openclaw, tools  # noqa: F401
         from chat.web import run_metrics, state_gauges  # noqa: F401
         from chat.websocket import access
         from sessions_app import signals

@@ -8,6 +8,7 @@ from django.conf import settings
 from django.core import checks
 
 from chat.protocol.frames import AGENT_ID_RE
+from chat.runtime import catalog
 from chat.runtime.tools.host import config_error
 
 
@@ -36,6 +37,26 @@ def agent_table(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMess
                 )
             )
         else:
+            models_problem = catalog.models_error(config)
+            if models_problem:
+                # the models a session may choose (docs/agents.md): offered by models.list, checked by sends
+                errors.append(
+                    checks.Error(
+                        f"GATEWAY_AGENTS: agent {agent_id!r} has a bad models list: {models_problem}",
+                        hint='models is a list of model names next to model, e.g. "models": ["gpt-4.1-mini"]',
+                        id="agentgate.E004",
+                    )
+                )
+            thinking_problem = catalog.thinking_error(config)
+            if thinking_problem:
+                # its sessions' default level, shown to clients as `thinkingDefault`
+                errors.append(
+                    checks.Error(
+                        f"GATEWAY_AGENTS: agent {agent_id!r} has a bad thinking level: {thinking_problem}",
+                        hint='e.g. "thinking": "low"; leave it out for "off"',
+                        id="agentgate.E005",
+                    )
+                )
             problem = config_error(config)
             if problem:
                 # the same check a chat.send makes before its ack: caught at start instead of on every send

@@ -145,15 +145,32 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env.b
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": env.int("DB_POOL_MIN", default=1),
         "max_size": env.int("DB_POOL_MAX", default=12),
-        "timeout": env.float("DB_POOL_TIMEOUT_SECONDS", default=30.0),
+        # A call waits this long for a connection. The gateway's own threads never exhaust the
+        # pool (GATEWAY_DB_THREADS < DB_POOL_MAX), so a wait means the server is away: the
+        # first calls of an outage hear so within this (later ones at once, chat.runtime.availability).
+        "timeout": env.float("DB_POOL_TIMEOUT_SECONDS", default=5.0),
+        # psycopg-pool retries a failed connect with a doubling delay for 5 minutes by default,
+        # so after a long outage the pool came back only minutes later; a short attempt gives
+        # up soon and the next call that needs a connection starts a fresh one at once.
+        "reconnect_timeout": env.float("DB_POOL_RECONNECT_SECONDS", default=2.0),
     }
     DATABASES["default"]["CONN_MAX_AGE"] = 0
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # With the pool, Django has it check each connection (an empty statement) as it leaves the
+    # pool: one that died idle (a restart the process slept through) is replaced there, not
+    # handed to a call whose error would look like an outage. Without it, a kept connection
+    # is checked before it is reused.
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # Seconds to wait for a database connection before calling it down (commands, /readyz, /metrics).
 DB_CONNECT_TIMEOUT_SECONDS = env.float("DB_CONNECT_TIMEOUT_SECONDS", default=3.0)
 if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
-    DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
-        "connect_timeout", max(1, int(DB_CONNECT_TIMEOUT_SECONDS))
-    )
+    _pg_options = DATABASES["default"].setdefault("OPTIONS", {})
+    _pg_options.setdefault("connect_timeout", max(1, int(DB_CONNECT_TIMEOUT_SECONDS)))
+    # TCP keepalives: a server that vanished without closing its sockets (a failover, a dead
+    # host) is noticed within about 20 s instead of a call waiting on it for the kernel's hours.
+    for _name, _value in (("keepalives", 1), ("keepalives_idle", 10), ("keepalives_interval", 5)):
+        _pg_options.setdefault(_name, _value)
+    _pg_options.setdefault("keepalives_count", 2)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Channel layer -------------------------------------------------------------
@@ -271,6 +288,9 @@ LOGGING = {
         # 500s (with traceback) and other request errors; Django's default sends them only to ADMINS
         "django": {"handlers": ["console"], "level": "WARNING", "propagate": False},
         "daphne": {"handlers": ["console"], "level": "WARNING", "propagate": False},
+        # psycopg-pool warns at every failed reconnect while the database is away; the gateway
+        # logs the outage once when it starts and once when it ends (chat.runtime.availability)
+        "psycopg": {"handlers": ["console"], "level": "ERROR", "propagate": False},
     },
 }
 
@@ -310,6 +330,9 @@ GATEWAY_DELTA_INTERVAL_MS = env.int("GATEWAY_DELTA_INTERVAL_MS", default=50)
 GATEWAY_SHUTDOWN_DRAIN_SECONDS = env.float("GATEWAY_SHUTDOWN_DRAIN_SECONDS", default=5.0)
 GATEWAY_STUCK_RUN_SECONDS = env.int("GATEWAY_STUCK_RUN_SECONDS", default=3600)
 GATEWAY_DB_THREADS = env.int("GATEWAY_DB_THREADS", default=8)
+# How long a run may go on without being able to write (the database away) before it stops and
+# ends failed (errorKind "unavailable") once the database is back (chat.runtime.executor).
+GATEWAY_RUN_DB_WAIT_SECONDS = env.float("GATEWAY_RUN_DB_WAIT_SECONDS", default=30.0)
 # Admin bulk actions act on at most this many rows per request (the commands handle more).
 GATEWAY_ADMIN_BULK_LIMIT = env.int("GATEWAY_ADMIN_BULK_LIMIT", default=200)
 # The sweep deletes rows of processes that stopped (or last heartbeated) this long ago.

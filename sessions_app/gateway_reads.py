@@ -7,6 +7,7 @@ the compiled hot-path read and the ORM read of a page).
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -46,6 +47,27 @@ def find_session(owner_id: int, key: str) -> ChatSession | None:
     return statements.session("s.owner_id = %s AND s.key = %s", [owner_id, key])
 
 
+def create_retry(owner_id: int, key: str, run_id: str, *, derived: bool) -> ChatSession | None:
+    """The session a `sessions.create` with a first message under `run_id` made before, when this
+    create (whose key exists) is its retry: the session holds that run or that command, or, for a
+    key derived from `run_id`, holds nothing yet (the first attempt stored no message). Else None:
+    the key belongs to another session, and the create is a conflict."""
+    session = find_session(owner_id, key)
+    if session is None:
+        return None
+    if Run.objects.filter(session=session, run_id=run_id).exists() or command_messages(session, run_id).exists():
+        return session
+    if derived and not Message.objects.filter(session=session).exists() and not session.runs.exists():
+        return session
+    return None
+
+
+def command_messages(session: ChatSession, command_key: str) -> QuerySet[Message]:
+    """The inline command and its answer stored under this key in the session (any generation)."""
+    # the key is never "" here: saying so lets the partial index `msg_session_command` serve
+    return Message.objects.filter(session=session, command_key=command_key).exclude(command_key="")
+
+
 def owner_sessions(owner_id: int | None) -> QuerySet[ChatSession]:
     """Sessions of one owner, or all sessions when owner_id is None (admin scope)."""
     qs = sessions_with_runs()
@@ -66,9 +88,16 @@ def list_sessions(
     status: str | None = None,
     active_only: bool = False,
     search: str | None = None,
+    agent_id: str | None = None,
+    updated_since: datetime | None = None,
 ) -> SessionPage:
-    """One page of an owner's sessions, newest `updated_at` first."""
+    """One page of an owner's sessions (of one agent, or all; changed since a time, or ever),
+    newest `updated_at` first."""
     qs = owner_sessions(owner_id)
+    if agent_id is not None:
+        qs = qs.filter(agent_id=agent_id)
+    if updated_since is not None:
+        qs = qs.filter(updated_at__gte=updated_since)
     if active_only or status == "running":
         qs = qs.filter(active_run__isnull=False)
     elif status == "none":
@@ -91,6 +120,7 @@ class Transcript:
     active: Run | None = None
     queued: list[Run] = field(default_factory=list)
     tools: dict[int, list[ToolCall]] = field(default_factory=dict)  # run pk -> its tool calls, in order
+    first_seq: int = 1  # the first message's position in its generation (OpenClaw's `seq`), from 1
 
 
 def transcript(session: ChatSession, *, limit: int = 200, before_id: int | None = None) -> Transcript:
@@ -118,9 +148,16 @@ def transcript(session: ChatSession, *, limit: int = 200, before_id: int | None 
     with_tools = {pk for pk, r in runs.items() if r.tool_calls}
     if active is not None and active.tool_calls:
         with_tools.add(active.pk)
+    has_more = len(newest_first) > limit
+    first_seq = 1
+    if msgs and (has_more or before_id is not None):
+        # only a page that is not the generation's start needs counting
+        earlier = Message.objects.filter(session=session, session_generation=session.session_id, pk__lt=msgs[0].pk)
+        first_seq = earlier.count() + 1
     return Transcript(
         messages=msgs,
-        has_more=len(newest_first) > limit,
+        has_more=has_more,
+        first_seq=first_seq,
         runs=runs,
         active=active,
         queued=[r for r in open_runs if r.state == RunState.QUEUED],
@@ -144,6 +181,40 @@ def find_run(owner_id: int, key: str, run_id: str) -> Run | None:
     )
 
 
+def find_run_of_owner(owner_id: int, run_id: str, key: str | None = None) -> Run | None:
+    """The owner's run with this runId (in this session key, if given), with its session.
+
+    A runId is unique within its session only; used in several sessions, the newest run is meant.
+    """
+    qs = Run.objects.select_related("session").filter(session__owner_id=owner_id, run_id=run_id)
+    if key is not None:
+        qs = qs.filter(session__key=key)
+    return qs.order_by("-created_at", "-id").first()
+
+
+def find_sessions(
+    owner_id: int,
+    *,
+    agent_id: str | None = None,
+    session_id: uuid.UUID | None = None,
+    label: str | None = None,
+    key_contains: str | None = None,
+    limit: int = 50,
+) -> list[ChatSession]:
+    """An owner's sessions matching what a client knows of one (its sessionId, exact label, part
+    of its key), ready for `wire.session_rows`, newest first."""
+    qs = owner_sessions(owner_id)
+    if agent_id is not None:
+        qs = qs.filter(agent_id=agent_id)
+    if session_id is not None:
+        qs = qs.filter(session_id=session_id)
+    if label is not None:
+        qs = qs.filter(label=label)
+    if key_contains is not None:
+        qs = qs.filter(key__icontains=key_contains)
+    return list(qs.order_by("-updated_at", "-id")[:limit])
+
+
 def get_run(pk: int) -> Run | None:
     return statements.run("r.id = %s", [pk], with_session=True)
 
@@ -157,10 +228,14 @@ def queue_position(run: Run) -> int | None:
 
 
 def context_messages(run: Run, *, limit: int) -> list[Message]:
-    """The newest `limit` messages of the run's generation before it, oldest first (a backend's context)."""
+    """The newest `limit` messages of the run's generation before it, oldest first (a backend's context).
+
+    Inline commands and their answers (/status, /think, ...) are the gateway's, not the
+    conversation's: no model reads them.
+    """
     if limit <= 0:
         return []
-    qs = Message.objects.filter(session_id=run.session_id, session_generation=run.session_generation)
+    qs = Message.objects.filter(session_id=run.session_id, session_generation=run.session_generation, command_key="")
     return list(reversed(qs.order_by("-id")[:limit]))
 
 

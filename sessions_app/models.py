@@ -59,6 +59,14 @@ class ChatSession(models.Model):
     last_run_error = models.TextField(blank=True, default="")
     # "approval" while an approval of the active run is pending (TOOLS.md §13.2 `waitingFor`), else ""
     waiting_for = models.CharField(max_length=16, blank=True, default="", db_default="")
+    # The session's settings (docs/protocol-notes.md, "Session settings"); "" = not set, the agent's default.
+    thinking_level = models.CharField(max_length=16, blank=True, default="", db_default="")
+    verbose_level = models.CharField(max_length=16, blank=True, default="", db_default="")
+    model_override = models.CharField(max_length=200, blank=True, default="", db_default="")
+    # Token usage of the last finished run of the current transcript, as that run stored it
+    # (NULL: it reported none, or no run has finished since the last reset).
+    input_tokens = models.IntegerField(null=True, blank=True)
+    output_tokens = models.IntegerField(null=True, blank=True)
     version = models.BigIntegerField(default=1)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -69,6 +77,8 @@ class ChatSession(models.Model):
             # the admin's default order (-updated_at, -id, deep pages included) and retention's age test
             models.Index(fields=["updated_at", "id"], name="session_updated_id"),
             models.Index(fields=["owner", "-updated_at"], name="session_owner_updated"),
+            # sessions.list of one agent (OpenClaw's clients list by agentId)
+            models.Index(fields=["owner", "agent_id", "-updated_at"], name="session_owner_agent_updated"),
             models.Index(fields=["status", "updated_at"], name="session_status_updated"),
             # operators' "failed in the last 24 h" filter and count
             models.Index(fields=["status", "ended_at"], name="session_status_ended"),
@@ -139,10 +149,19 @@ class Message(models.Model):
     text = models.TextField(blank=True, default="")
     run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.SET_NULL, related_name="messages")
     aborted = models.BooleanField(default=False)
+    # Set on an inline command (/status, /think, ...) and its answer: the idempotencyKey of the send
+    # that made them (its ack's runId; no run exists under it). Shown in history, never sent to a model.
+    command_key = models.CharField(max_length=128, blank=True, default="", db_default="")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        indexes = [models.Index(fields=["session", "session_generation", "id"], name="msg_session_gen")]
+        indexes = [
+            models.Index(fields=["session", "session_generation", "id"], name="msg_session_gen"),
+            # an inline command's key, looked up by every command (its replay): the few marked rows only
+            models.Index(
+                fields=["session", "command_key"], name="msg_session_command", condition=~models.Q(command_key="")
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.role}: {self.text[:40]}"

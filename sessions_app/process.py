@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -41,12 +42,41 @@ def stale_before() -> datetime:
     return timezone.now() - timedelta(seconds=window)
 
 
-def live_process_ids() -> set[str]:
-    return set(
-        GatewayProcess.objects.filter(heartbeat_at__gte=stale_before(), stopped_at__isnull=True).values_list(
-            "server_id", flat=True
-        )
-    )
+# Spans of wall-clock time (start, end) during which the caller could not reach the database.
+Blind = Sequence[tuple[datetime, datetime]]
+
+
+def blind_seconds(blind: Blind, since: datetime) -> float:
+    """How much of the time since `since` the caller could not reach the database."""
+    return sum(max(0.0, (end - max(start, since)).total_seconds()) for start, end in blind)
+
+
+def live_process_ids(blind: Blind = ()) -> set[str]:
+    """Processes that have not stopped and heartbeat recently.
+
+    `blind`: when the caller could not reach the database (an outage, or a stall of its own).
+    It could not have seen a heartbeat then, so a peer whose last one is stale is still live
+    - if its heartbeat's age, minus the blind time since that heartbeat, is within the window;
+    - or if it was live when a blind span began and that span ended less than
+      GATEWAY_RECOVERY_SECONDS ago: after an outage a peer may reach the database later than
+      the caller (its pool still waiting out DB_POOL_TIMEOUT_SECONDS for a connection).
+    Each peer is judged on its own: a peer already dead when the caller went blind is dead
+    after it, and recurring outages delay the verdict on a dead peer by their own length only.
+    """
+    stale = stale_before()
+    rows = GatewayProcess.objects.filter(stopped_at__isnull=True)
+    live = set(rows.filter(heartbeat_at__gte=stale).values_list("server_id", flat=True))
+    if blind:
+        now = timezone.now()
+        window = now - stale
+        grace = timedelta(seconds=settings.GATEWAY_RECOVERY_SECONDS)
+        for server_id, beat in rows.filter(heartbeat_at__lt=stale).values_list("server_id", "heartbeat_at"):
+            seen = (now - beat).total_seconds() - blind_seconds(blind, beat)
+            if seen < window.total_seconds() or any(
+                beat >= start - window and now - end < grace for start, end in blind
+            ):
+                live.add(server_id)
+    return live
 
 
 def unowned_active_runs() -> list[int]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,8 +13,16 @@ from channels.layers import channel_layers
 from django.contrib.auth import get_user_model
 
 from chat.runtime.gateway import runtime
+from gatewayproject.settings import BASE_DIR
 from sessions_app.tokens import issue_token
 from tests.support.communicator import Client, open_client
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Remove what is left of this process's SQLite test database (its WAL side files, and under
+    xdist the worker's copy), once everything that used it is gone."""
+    for leftover in Path(BASE_DIR).glob(f"test_db_{os.getpid()}.sqlite3*"):
+        leftover.unlink(missing_ok=True)
 
 
 @pytest.fixture(autouse=True)

@@ -4,8 +4,13 @@ On-commit callbacks hand their message to the serving loop and return at once: a
 database thread never waits for the event loop (nor strands when the loop stops).
 One sender task per process sends them in the order they were committed. Failures
 are logged and swallowed: a broadcast never undoes a committed change, and repair
-(§9) fills in whatever a layer dropped. A process with no serving loop (a management
-command) sends synchronously.
+(§9) fills in whatever a layer dropped. While the layer is away (`availability.channel_layer`)
+broadcasts are not attempted, and none waits for it longer than BROADCAST_WAIT_SECONDS: one
+send riding out Redis's retries held the queue behind it for the whole outage, and live events
+reached other processes seconds late after it. Repair delivers the terminals and rows. A send
+that fails or is slow does not itself declare an outage (one slow send on a busy Redis is not
+one): the supervisor's layer check, a command without retries each second, is the judge.
+A process with no serving loop (a management command) sends synchronously.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from asgiref.sync import SyncToAsync, async_to_sync
 from channels.layers import get_channel_layer
 
 from chat.delivery import groups
+from chat.delivery.layers import layer_unreachable
 from chat.delivery.messages import (
     OPERATORS_VIA,
     AccessMessage,
@@ -33,8 +39,11 @@ from chat.delivery.messages import (
     untyped,
 )
 from chat.protocol.frames import encode
+from chat.runtime.availability import channel_layer
+from chat.web.metrics import channel_layer_failed
 
 log = logging.getLogger(__name__)
+BROADCAST_WAIT_SECONDS = 2.0
 
 
 def chat_message(owner_id: int, run_pk: int, payload: dict[str, Any]) -> ChatMessage:
@@ -95,14 +104,30 @@ def tool_message(
 async def agroup_send_all(owner_id: int, message: GatewayMessage) -> None:
     """Send to the owner's connections and to operators subscribed to every session."""
     layer = get_channel_layer()
-    if layer is None:
+    if layer is None or not _layer_there():
         return
     operators = cast(GatewayMessage, {**message, "via": OPERATORS_VIA})
+    started = time.monotonic()
     for group, msg in ((groups.user_group(owner_id), message), (groups.OPERATORS, operators)):
         try:
-            await layer.group_send(group, untyped(msg))
-        except Exception:  # a broadcast never undoes a committed change
-            log.exception("group_send to %s failed", group)
+            async with asyncio.timeout(BROADCAST_WAIT_SECONDS):  # (no task per send, as wait_for would make)
+                await layer.group_send(group, untyped(msg))
+        except Exception as exc:  # a broadcast never undoes a committed change
+            if not layer_unreachable(exc):
+                log.exception("group_send to %s failed", group)
+                continue
+            channel_layer_failed("broadcast")  # counted; an outage is the layer check's call
+            log.debug("group_send to %s failed: %s", group, exc)
+            return
+        channel_layer.ok(started)
+
+
+def _layer_there() -> bool:
+    """False while the layer is known to be away (the broadcast is skipped, and counted)."""
+    if channel_layer.available:
+        return True
+    channel_layer_failed("broadcast")
+    return False
 
 
 class Broadcaster:
@@ -179,8 +204,15 @@ async def _call(send: Callable[[], Awaitable[None]]) -> None:
 
 async def _group_send(group: str, message: dict[str, Any]) -> None:
     layer = get_channel_layer()
-    if layer is not None:
-        await layer.group_send(group, message)
+    if layer is None or not _layer_there():
+        return  # a cancel routed to another process: its reconcile loop is the backstop
+    try:
+        async with asyncio.timeout(BROADCAST_WAIT_SECONDS):
+            await layer.group_send(group, message)
+    except Exception as exc:
+        if not layer_unreachable(exc):
+            raise
+        channel_layer_failed("broadcast")  # counted; an outage is the layer check's call
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -6,6 +6,10 @@ channel joins `user.<id>` when the first connection of that user arrives and lea
 with the last (the same for `operators` and for the process's own `proc.<server_id>`
 group), receives each event once, and hands it to its connections directly. Their
 filters (`ConnectionState`) decide, per connection, what is news.
+
+While the layer is away (`availability.channel_layer`) a connection still joins here: the
+layer's side of it waits (`stale`) until the supervisor's layer check sees the layer back and
+re-adds every group (`watch`), so a handshake never waits out Redis's retries.
 """
 
 from __future__ import annotations
@@ -21,12 +25,19 @@ from typing import Any, Protocol, cast
 from channels.layers import get_channel_layer
 
 from chat.delivery import groups
+from chat.delivery.layers import in_group, layer_unreachable
 from chat.delivery.messages import OPERATORS_VIA, GatewayMessage, HubProbe, ProcessMessage, untyped
 from chat.runtime import health
+from chat.runtime.availability import channel_layer
 from chat.web import metrics
 
 log = logging.getLogger(__name__)
 CHANNEL_PREFIX = "gateway"  # channel_capacity in settings matches it: every event of the process passes here
+# How long a join (a handshake) waits for the layer; past it the add goes on in the background
+# and the group is re-added with the others once the layer answers (`stale`).
+JOIN_WAIT_SECONDS = 3.0
+# While the layer is unreachable the channel is reopened this often (other failures back off to 30 s).
+REOPEN_OUTAGE_SECONDS = 1.0
 
 
 class HubNotListening(RuntimeError):
@@ -49,6 +60,9 @@ class Hub:
         self._lock = asyncio.Lock()
         self._probes: dict[str, asyncio.Future[None]] = {}  # token -> waiting probe
         self._leaving: set[asyncio.Task[None]] = set()  # probes' groups being left
+        self._adding: set[asyncio.Future[None]] = set()  # joins that outlived JOIN_WAIT_SECONDS
+        # A group add was skipped or failed (the layer away): re-add every group when it answers.
+        self.stale = False
 
     async def start(self, process_group: str, on_control: Callable[[ProcessMessage], None]) -> None:
         """Open the channel, join the process's own group, and start receiving."""
@@ -82,6 +96,7 @@ class Hub:
         channel = self.channel
         if self.task is None or self.task.done() or channel is None:
             raise HubNotListening("the process's channel is not open (the receive loop is restarting)")
+        channel_layer.check()  # away: say so at once, not after the client's retries
         layer = get_channel_layer()
         assert layer is not None
         token = uuid.uuid4().hex
@@ -103,12 +118,33 @@ class Hub:
             self._probes.pop(token, None)
 
     async def join(self, group: str, member: Member) -> None:
-        """Add a connection to a group; the process's channel joins it with the first."""
+        """Add a connection to a group; the process's channel joins it with the first.
+
+        With the layer away (or slow past JOIN_WAIT_SECONDS) the connection joins here at once
+        and the layer's side follows when it answers (`stale`, `watch`).
+        """
         async with self._lock:
             first = not self.members[group]
             self.members[group].add(member)
-            if first and self.channel is not None:
-                await _group_add(group, self.channel)
+            if not first or self.channel is None:
+                return
+            if not channel_layer.available:
+                self.stale = True
+                return
+            adding = asyncio.ensure_future(_group_add(group, self.channel))
+            try:
+                await asyncio.wait_for(asyncio.shield(adding), JOIN_WAIT_SECONDS)
+            except TimeoutError:
+                self.stale = True  # re-added by the layer check, which also judges whether the layer is away
+                metrics.channel_layer_failed("join")
+                self._adding.add(adding)
+                adding.add_done_callback(_retrieved)
+                adding.add_done_callback(self._adding.discard)
+            except Exception as exc:
+                if not layer_unreachable(exc):
+                    raise
+                channel_layer.failed(exc)
+                self.stale = True
 
     async def leave(self, group: str, member: Member) -> None:
         """Remove a connection from one group; the channel leaves it with the last."""
@@ -120,7 +156,7 @@ class Hub:
             if not members:
                 del self.members[group]
                 if self.channel is not None:
-                    await _group_discard(group, self.channel)
+                    await self._discard(group, self.channel)
 
     async def leave_all(self, member: Member) -> None:
         """Remove a connection from every group; the channel leaves those it was the last in."""
@@ -130,15 +166,59 @@ class Hub:
                 if not self.members[group]:
                     del self.members[group]
                     if self.channel is not None:
-                        await _group_discard(group, self.channel)
+                        await self._discard(group, self.channel)
+
+    async def _discard(self, group: str, channel: str) -> None:
+        """The channel leaves a group; not waited for past JOIN_WAIT_SECONDS, nor at all while the
+        layer is away (leaving late is harmless: no connection here takes the group's events)."""
+        if not channel_layer.available:
+            return
+        leaving = asyncio.ensure_future(_group_discard(group, channel))
+        try:
+            await asyncio.wait_for(asyncio.shield(leaving), JOIN_WAIT_SECONDS)
+        except TimeoutError:
+            self.stale = True  # the late leave could land after a new join of the group: re-add then
+            self._leaving.add(leaving)
+            leaving.add_done_callback(self._leaving.discard)
 
     async def regroup(self) -> None:
         """Join again every group the process's connections need (the layer may have lost them)."""
         if self.channel is None or self.process_group is None:
             return
-        await _group_add(self.process_group, self.channel)
-        for group in list(self.members):
-            await _group_add(group, self.channel)
+        self.stale = False  # (set again by a join that fails meanwhile)
+        started = time.monotonic()
+        try:
+            await _group_add(self.process_group, self.channel)
+            for group in list(self.members):
+                await _group_add(group, self.channel)
+        except BaseException:
+            self.stale = True
+            raise
+        channel_layer.ok(started)
+
+    async def watch(self) -> bool:
+        """Whether the layer lost this process's groups (a Redis restarted without persistence
+        forgets them all): if so, or if a join could not reach it, re-add every group now.
+
+        One command without retries, so a layer that is away is noticed at once; the outage
+        and its end are reported to `availability.channel_layer`.
+        """
+        channel, process_group = self.channel, self.process_group
+        layer = get_channel_layer()
+        if channel is None or process_group is None or layer is None:
+            return False
+        started = time.monotonic()
+        present = await in_group(layer, process_group, channel)
+        channel_layer.ok(started)
+        if present and not self.stale:
+            return False
+        if not present:
+            log.warning(
+                "the channel layer had lost this process's groups (Redis restarted?): re-adding %d groups",
+                len(self.members) + 1,
+            )
+        await self.regroup()
+        return True
 
     async def deliver(self, message: dict[str, Any]) -> None:
         """Hand one layer message to the local connections of its group.
@@ -184,7 +264,9 @@ class Hub:
         while self.task is me:
             try:
                 if self.channel is None:
+                    started = time.monotonic()
                     await self._open(process_group)
+                    channel_layer.ok(started)  # the layer answered: an outage is over here too
                 health.ok("listener")
                 delay = 1.0
                 while self.task is me and (channel := self.channel) is not None:
@@ -203,6 +285,14 @@ class Hub:
                 health.failed("listener", exc, restart=True)
                 metrics.channel_layer_failed("listener")
                 metrics.BACKGROUND_RESTARTS.labels("listener").inc()
+                if layer_unreachable(exc):  # an outage: logged once by `availability`
+                    channel_layer.failed(exc)
+                    # Tried again soon: each try is bounded by Redis's connect timeout, and
+                    # events and readiness come back only with the channel.
+                    delay = min(delay, REOPEN_OUTAGE_SECONDS)
+                    log.debug("process channel lost (%s); reopening in %.0fs", type(exc).__name__, delay)
+                    await asyncio.sleep(delay)
+                    continue
                 log.exception("process channel failed; reopening in %.0fs", delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)
@@ -212,6 +302,12 @@ async def _group_add(group: str, channel: str) -> None:
     layer = get_channel_layer()
     if layer is not None:
         await layer.group_add(group, channel)
+
+
+def _retrieved(task: asyncio.Future[None]) -> None:
+    """A join's add that outlived its wait: its failure is the layer's outage, already reported."""
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("a late group add failed: %s", task.exception())
 
 
 async def _group_discard(group: str, channel: str) -> None:

@@ -14,6 +14,9 @@
   process opens on Redis. The pool's settings (socket timeout above the layer's 5-second
   BZPOPMIN, keepalive, health checks, retries over a Redis restart) come from
   `CHANNEL_LAYERS` in settings.
+
+Both answer `in_group`, the supervisor's check that the layer still holds the process's
+groups (on Redis one command without retries, so a Redis that is away is noticed at once).
 """
 
 from __future__ import annotations
@@ -28,7 +31,11 @@ from typing import Any
 
 from channels.layers import InMemoryChannelLayer as ChannelsInMemoryChannelLayer
 from channels_redis.core import RedisChannelLayer
-from redis.asyncio import BlockingConnectionPool
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 
 class InMemoryChannelLayer(ChannelsInMemoryChannelLayer):
@@ -47,8 +54,14 @@ class InMemoryChannelLayer(ChannelsInMemoryChannelLayer):
             self._swept_at = now
             super()._clean_expired()  # type: ignore[misc]  # not in the stubs
 
+    async def in_group(self, group: str, channel: str) -> bool:
+        return channel in self.groups.get(group, {})
+
 
 _pools: weakref.WeakSet[BlockingConnectionPool] = weakref.WeakSet()
+# Pool settings the layer check does without: its retries, the pool's size and wait, and the
+# health check (a command of its own, retried); timeouts are its own.
+_CHECKER_DROPS = frozenset({"retry", "retry_on_error", "max_connections", "timeout", "health_check_interval"})
 log = logging.getLogger(__name__)
 
 # channels-redis 4.3.0's delivery script, unchanged: each queue under its capacity gets the message.
@@ -87,6 +100,39 @@ class GatewayRedisChannelLayer(RedisChannelLayer):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._batched: dict[str, deque[tuple[Any, dict[str, Any]]]] = defaultdict(deque)
+        # per event loop and host: a client of its own for `in_group`, without retries
+        self._checkers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, Redis]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    async def in_group(self, group: str, channel: str) -> bool:
+        """Whether `channel` is in `group`. Not retried, unlike the layer's own commands: a Redis
+        that is away fails it at once, one restarted without persistence answers no."""
+        index = self.consistent_hash(group)
+        clients = self._checkers.setdefault(asyncio.get_running_loop(), {})
+        client = clients.get(index)
+        if client is None:
+            client = clients[index] = self._checker(index)
+        return await client.zscore(self._group_key(group), channel) is not None
+
+    def _checker(self, index: int) -> Redis:
+        """A client for `in_group` with the pool's settings (address, credentials, TLS, keepalive)
+        but no retries, no pool wait and short timeouts: a Redis that is away fails it at once."""
+        host = {k: v for k, v in self.hosts[index].items() if k not in _CHECKER_DROPS}
+        address = host.pop("address")
+        host["socket_connect_timeout"] = min(float(host.get("socket_connect_timeout") or 2.0), 2.0)
+        host["socket_timeout"] = 3.0
+        return Redis.from_url(address, retry=Retry(NoBackoff(), 0), **host)
+
+    async def _clean_receive_backup(self, index: int, channel: str) -> None:
+        """The library's clean-up after a read, a task of its own that nobody awaits: with Redis
+        away past the retries its error was logged as "Task exception was never retrieved",
+        with a traceback, once per lost read. Left undone, the message is put back and read
+        again (the connections' filters drop what they already had)."""
+        try:
+            await super()._clean_receive_backup(index, channel)
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            log.debug("cleaning the receive backup of %s failed: %s", channel, exc)
 
     async def receive_single(self, channel: str) -> tuple[Any, dict[str, Any]]:
         local = "!" in channel
@@ -157,6 +203,17 @@ class GatewayRedisChannelLayer(RedisChannelLayer):  # type: ignore[misc]
         pool = BlockingConnectionPool.from_url(address, **host)
         _pools.add(pool)
         return pool
+
+
+async def in_group(layer: Any, group: str, channel: str) -> bool:
+    """Whether the layer holds `channel` in `group` (a layer that cannot say: yes)."""
+    check = getattr(layer, "in_group", None)
+    return True if check is None else bool(await check(group, channel))
+
+
+def layer_unreachable(exc: BaseException) -> bool:
+    """Whether a layer error means Redis is not there (rather than a bad message)."""
+    return isinstance(exc, RedisConnectionError | RedisTimeoutError | OSError | TimeoutError)
 
 
 def pool_stats() -> dict[str, int]:

@@ -3,17 +3,21 @@ answer with `wire`. Each declares its method name and the scope it needs."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Protocol
 
 from django.conf import settings
+from django.utils import timezone
 
 from chat.delivery import groups
 from chat.methods import timing
 from chat.protocol import frames, wire
 from chat.protocol.frames import ProtocolError, Scope, invalid
 from chat.protocol.wire import AckStatus
+from chat.runtime.availability import Unavailable
 from chat.runtime.backends import get_backend
 from chat.runtime.db import db_read, db_write
 from chat.runtime.gateway import runtime
@@ -23,7 +27,9 @@ from chat.websocket.connection import ConnectionState
 from sessions_app import gateway_reads
 from sessions_app.lifecycle import LifecycleError, runs, sessions
 from sessions_app.lifecycle.runs import SendOutcome, SendRequest
-from sessions_app.models import RunState
+from sessions_app.models import ChatSession, RunState
+
+log = logging.getLogger(__name__)
 
 
 class Conn(Protocol):
@@ -59,19 +65,27 @@ class Method:
     name: str
     scope: Scope
     handler: Handler
+    # In `hello-ok.features.methods`: False for a method that only says a feature is not here.
+    listed: bool = True
 
 
 METHODS: dict[str, Method] = {}
 
 
-def method(name: str, *, scope: Scope) -> Callable[[Handler], Handler]:
-    """Register a handler for `name`, callable with `scope`."""
+def method(name: str, *, scope: Scope, listed: bool = True) -> Callable[[Handler], Handler]:
+    """Register a handler for `name`, callable with `scope`; `listed: False` leaves it out of
+    `hello-ok.features.methods` (it still answers when called)."""
 
     def register(fn: Handler) -> Handler:
-        METHODS[name] = Method(name, scope, fn)
+        METHODS[name] = Method(name, scope, fn, listed)
         return fn
 
     return register
+
+
+def listed_methods() -> list[str]:
+    """The methods `hello-ok` announces: those that do what their name says."""
+    return [m.name for m in METHODS.values() if m.listed]
 
 
 def lookup(name: str, state: ConnectionState) -> Method:
@@ -167,12 +181,12 @@ def _ack_reply(conn: Conn, outcome: SendOutcome, status: AckStatus | None = None
 async def _send(conn: Conn, params: dict[str, Any], *, steer: bool) -> Reply:
     send = frames.parse_chat_send(params)
     if steer:
-        send.queue_mode = "interrupt"
+        send.queue_mode, send.steer = "interrupt", True
     if send.command is not None:
-        return await command(conn, send)
+        return await command(conn, send, announce=True)
     if send.wait_ms > 0:
         check_held(conn, "waitMs")
-    outcome = await admit(conn, send, steer=steer)
+    outcome = await admit(conn, send)
     reply = _ack_reply(conn, outcome)
     if send.wait_ms > 0 and outcome.run is not None and wire.ack_status(outcome) in wire.LIVE_ACKS:
         return Reply(wait=lambda: _held_ack(conn, outcome, send))
@@ -192,14 +206,14 @@ def check_held(conn: Conn, field: str) -> None:
         )
 
 
-async def admit(conn: Conn, send: frames.ChatSendParams, *, steer: bool = False) -> SendOutcome:
+async def admit(conn: Conn, send: frames.ChatSendParams) -> SendOutcome:
     """Admission of a validated send (chat.send, sessions.steer, agent): one path for all."""
     if not runtime.accepting:
         raise ProtocolError("UNAVAILABLE", "server is shutting down", retryable=True, retry_after_ms=1000)
     # A key seen before is answered from what is stored, without a write (§4).
     outcome = await db_read(_known_send, conn.state.user_id, send)
     if outcome is None:
-        outcome = await _admit(conn, send, steer=steer)
+        outcome = await _admit(conn, send)
     return outcome
 
 
@@ -213,7 +227,7 @@ def _known_send(owner_id: int, send: frames.ChatSendParams) -> SendOutcome | Non
     return SendOutcome("existing", run, run.session, gateway_reads.queue_position(run))
 
 
-async def _admit(conn: Conn, send: frames.ChatSendParams, *, steer: bool) -> SendOutcome:
+async def _admit(conn: Conn, send: frames.ChatSendParams) -> SendOutcome:
     backend = get_backend(send.agent_id)
     setup_error = (
         f"agent {send.agent_id!r} has no usable backend"
@@ -233,7 +247,7 @@ async def _admit(conn: Conn, send: frames.ChatSendParams, *, steer: bool) -> Sen
         timeout_ms=send.timeout_ms,
         attachments=send.attachments,
         queue_mode=send.queue_mode,
-        interrupt_reason="steer" if steer else "interrupt",
+        interrupt_reason="steer" if send.steer else "interrupt",
         setup_error=setup_error,
     )
     outcome: SendOutcome = await call(runs.admit_send, request, owner_process=runtime.owner_for_new_runs())
@@ -269,11 +283,21 @@ async def _held_ack(conn: Conn, outcome: SendOutcome, send: frames.ChatSendParam
     return _ack_reply(conn, SendOutcome(outcome.admission, run, session, position), status)
 
 
-async def command(conn: Conn, send: frames.ChatSendParams) -> Reply:
-    """Inline commands: no run is created (§4)."""
+async def command(conn: Conn, send: frames.ChatSendParams, *, announce: bool = False) -> Reply:
+    """Inline commands (§4; docs/protocol-notes.md): answered by the gateway, never sent to a model.
+
+    No run is created and none is tracked: the ack is terminal (`ok`) and carries the answer as
+    `reply`; /status, /think, /verbose and /model also store the command and its answer in the
+    transcript, marked `command`, for clients that re-read history after a terminal ack. With
+    `announce` (chat.send, sessions.steer) the answer is also sent to this connection, before the
+    ack, as the `chat` `final` of the send's runId: OpenClaw's ACP bridge shows only text from
+    `chat` events and ignores `reply`. A key used before replays the stored answer (§4).
+    """
     command = send.command
     assert command is not None
     owner_id = conn.state.user_id
+    killed: list[str] = []
+    replayed = False
     if command in frames.STOP_COMMANDS:
         session, killed = await call(
             sessions.abort_all,
@@ -284,15 +308,37 @@ async def command(conn: Conn, send: frames.ChatSendParams) -> Reply:
             create=True,
             agent_id=send.agent_id,
         )
-    else:
+        reply = wire.stop_answer(command, str(session.session_id), killed)
+    elif command in frames.RESET_COMMANDS:
         session, killed = await call(
             sessions.reset_session, owner_id=owner_id, key=send.key, create=True, agent_id=send.agent_id
         )
-    payload = wire.ack_payload(
-        None, AckStatus.OK, session.key, str(session.session_id), runId=send.run_id, aborted=bool(killed), runIds=killed
-    )
-    payload["command"] = command
-    return Reply(payload)
+        reply = wire.stop_answer(command, str(session.session_id), killed)
+    else:
+        setting, arg = frames.SETTING_COMMANDS.get(command), send.command_arg
+        change = None
+        if setting is not None and arg is not None:
+            change = sessions.SettingsChange(
+                thinking_level=arg if setting == "thinkingLevel" else None,
+                verbose_level=arg if setting == "verboseLevel" else None,
+                model=arg if setting == "model" else None,
+            )
+        session, reply, replayed = await call(
+            sessions.answer_command,
+            owner_id=owner_id,
+            key=send.key,
+            agent_id=send.agent_id,
+            text=send.command_text,
+            command_key=send.run_id,
+            answer=wire.command_answer(command, arg),
+            change=change,
+        )
+    if announce and not replayed:
+        # Only to this connection (the others do not know the runId), and before the ack: the
+        # consumer sends what a handler sends, then its answer, in order on one socket. A replay
+        # is its ack alone, as a terminal run's resend is (its `reply` is the answer).
+        await conn.send_events([("chat", wire.command_final(send.run_id, session, reply))])
+    return Reply(wire.command_ack(send.run_id, session, command, reply, killed))
 
 
 @method("chat.send", scope=Scope.WRITE)
@@ -319,18 +365,12 @@ async def chat_abort(conn: Conn, params: dict[str, Any]) -> Reply:
     return Reply({"aborted": outcome.aborted, "runIds": outcome.run_ids})
 
 
-def _history(owner_id: int, key: str, limit: int, before_id: int | None) -> dict[str, Any]:
+def history_of(owner_id: int, key: str, limit: int, before_id: int | None = None) -> dict[str, Any]:
+    """`chat.history` of the owner's session (an empty one for a key not used yet), before paging
+    by bytes: `chat.history`, `sessions.get` and `chat.startup` all read it here."""
     session = gateway_reads.find_session(owner_id, key)
     if session is None:
-        # A key that was never used is an empty conversation, not an error.
-        return {
-            "sessionKey": key,
-            "sessionId": None,
-            "messages": [],
-            "hasMore": False,
-            "session": None,
-            "queuedRuns": [],
-        }
+        return wire.empty_history(key)
     return wire.history(session, gateway_reads.transcript(session, limit=limit, before_id=before_id))
 
 
@@ -340,7 +380,7 @@ async def chat_history(conn: Conn, params: dict[str, Any]) -> Reply:
     limit = frames.get_int(params, "limit", lo=1, hi=1000, default=200) or 200
     before_id = frames.get_message_id(params, "beforeId")
     # paged by bytes as well as by count: the page must fit in one frame (maxPayload)
-    return Reply(outbound.fit_history(await db_read(_history, conn.state.user_id, key, limit, before_id)))
+    return Reply(outbound.fit_history(await db_read(history_of, conn.state.user_id, key, limit, before_id)))
 
 
 # --- agents.list -------------------------------------------------------------------------------
@@ -349,38 +389,43 @@ async def chat_history(conn: Conn, params: dict[str, Any]) -> Reply:
 @method("agents.list", scope=Scope.READ)
 async def agents_list(conn: Conn, params: dict[str, Any]) -> Reply:
     """The configured agents (id, display name, model, backend), for a client's agent picker."""
-    return Reply({"agents": wire.agents(settings.GATEWAY_AGENTS), "defaultId": "main"})
+    return Reply(wire.agents_list(settings.GATEWAY_AGENTS))
+
+
+@method("models.list", scope=Scope.READ)
+async def models_list(conn: Conn, params: dict[str, Any]) -> Reply:
+    """The models a session may choose (OpenClaw's `/model` picker): one agent's, or every agent's."""
+    return Reply(wire.model_choices(frames.parse_models_list(params)))
 
 
 # --- sessions.* --------------------------------------------------------------------------------
 
-LIST_STATUSES = {"running", "done", "failed", "killed", "timeout", "none"}
 
-
-def _list(owner_id: int, offset: int, **filters: Any) -> dict[str, Any]:
-    return wire.session_list(gateway_reads.list_sessions(owner_id, offset=offset, **filters), offset)
+def _list(owner_id: int, p: frames.ListParams, read: int) -> dict[str, Any]:
+    defaults = wire.session_defaults(p.agent_id or "main")
+    if p.spawned_by is not None:
+        # OpenClaw's sub-sessions of another session: this gateway spawns none
+        return wire.session_list(gateway_reads.SessionPage([], 0), p.offset, defaults)
+    page = gateway_reads.list_sessions(
+        owner_id,
+        offset=p.offset,
+        limit=read,
+        status=p.status,
+        active_only=p.active_only,
+        search=p.search,
+        agent_id=p.agent_id,
+        updated_since=None if p.active_minutes is None else timezone.now() - timedelta(minutes=p.active_minutes),
+    )
+    return wire.session_list(page, p.offset, defaults)
 
 
 @method("sessions.list", scope=Scope.READ)
 async def sessions_list(conn: Conn, params: dict[str, Any]) -> Reply:
-    limit = frames.get_int(params, "limit", lo=1, hi=500, default=100) or 100
-    offset = frames.get_int(params, "offset", lo=0, hi=10_000_000, default=0) or 0
-    status = frames.get_str(params, "status", required=False, max_len=16)
-    if status is not None and status not in LIST_STATUSES:
-        raise invalid("status must be one of " + ", ".join(sorted(LIST_STATUSES)), field="status")
-    active_only = frames.get_bool(params, "activeOnly")
-    search = frames.get_str(params, "search", required=False, min_len=0, max_len=200)
-    return Reply(
-        await db_read(
-            _list,
-            conn.state.user_id,
-            offset,
-            limit=limit,
-            status=status,
-            active_only=active_only,
-            search=search or None,
-        )
-    )
+    p = frames.parse_sessions_list(params)
+    # One frame holds the page (maxPayload): rows beyond what could fit are not read, and the
+    # page is cut to what does fit, its paging fields saying where to go on.
+    read = outbound.rows_that_may_fit(p.limit)
+    return Reply(outbound.fit_list(await db_read(_list, conn.state.user_id, p, read), p.offset))
 
 
 @method("sessions.subscribe", scope=Scope.READ)
@@ -408,25 +453,84 @@ def _row(session_pk: int) -> dict[str, Any] | None:
 
 @method("sessions.create", scope=Scope.WRITE)
 async def sessions_create(conn: Conn, params: dict[str, Any]) -> Reply:
-    key, agent_id = frames.agent_session(params, default_name=None)
-    label = frames.get_str(params, "label", required=False, min_len=0, max_len=200) or ""
-    session = await call(sessions.create_session, owner_id=conn.state.user_id, key=key, label=label, agent_id=agent_id)
-    return Reply({"session": await db_read(_row, session.pk)})
+    """A new session, answered in OpenClaw's shape; with a first message (as OpenClaw's Control UI
+    opens a new chat) also sent, as chat.send sends it, under the create's idempotencyKey."""
+    p = frames.parse_sessions_create(params)
+    owner_id = conn.state.user_id
+    first = p.first
+    try:
+        session = await call(sessions.create_session, owner_id=owner_id, key=p.key, label=p.label, agent_id=p.agent_id)
+    except ProtocolError as exc:
+        if first is None or p.key is None or exc.details.get("reason") != "session-exists":
+            raise
+        retried = await db_read(gateway_reads.create_retry, owner_id, p.key, first.run_id, derived=p.derived_key)
+        if retried is None:
+            raise
+        # A retry of a create that got this far: its first message is answered from what is stored
+        # (a replay), or sent now if the first attempt stored none. Nothing is created by it, so
+        # its errors are its own (and it is safe to retry again).
+        first.key = retried.key
+        return Reply(await _with_first_message(retried, await _send_first(conn, first)))
+    if first is None:
+        return Reply(wire.session_answer(await db_read(_row, session.pk), runStarted=False))
+    first.key = session.key
+    # The session is committed: whatever stops its message is the answer's runError, never the
+    # request's error, which would invite a retry that creates a second session.
+    try:
+        ack = await _send_first(conn, first)
+    except ProtocolError as exc:
+        ack = Reply(error=exc.to_error())
+    except Unavailable as exc:
+        ack = Reply(error=frames.unavailable(exc.dependency, retry_after_ms=exc.retry_after_ms).to_error())
+    except Exception:
+        log.exception("sessions.create: sending the first message failed")
+        ack = Reply(error=ProtocolError("INTERNAL", "internal error").to_error())
+    return Reply(await _with_first_message(session, ack))
+
+
+async def _send_first(conn: Conn, first: frames.ChatSendParams) -> Reply:
+    """`sessions.create`'s first message, sent as chat.send sends it (no `final` for a command:
+    its answer carries the `reply`)."""
+    return await command(conn, first) if first.command is not None else _ack_reply(conn, await admit(conn, first))
+
+
+async def _with_first_message(session: ChatSession, ack: Reply) -> dict[str, Any]:
+    """`sessions.create`'s answer after its first message: the row read again (so `entry` shows the
+    run and `sessionId` is the row's) with the send's ack and `runStarted`, or its `runError`."""
+    try:
+        row = await db_read(_row, session.pk)
+    except Unavailable:
+        row = wire.session_row(session, ())  # the row as last read: the answer goes out regardless
+    if ack.error is not None:
+        return wire.session_answer(row, runStarted=False, runError=ack.error)
+    payload = ack.payload if isinstance(ack.payload, dict) else {}
+    return wire.session_answer(row, **payload, runStarted=payload.get("status") == AckStatus.STARTED)
 
 
 @method("sessions.patch", scope=Scope.WRITE)
 async def sessions_patch(conn: Conn, params: dict[str, Any]) -> Reply:
-    key, _agent = frames.session_key_param(params)
-    label = frames.get_str(params, "label", min_len=0, max_len=200)
-    session = await call(sessions.patch_session, owner_id=conn.state.user_id, key=key, label=label or "")
-    return Reply({"session": await db_read(_row, session.pk)})
+    """Label and settings (docs/protocol-notes.md, "Session settings"), answered in OpenClaw's shape."""
+    patch = frames.parse_session_patch(params)
+    change = sessions.SettingsChange(
+        label=patch.label, thinking_level=patch.thinking_level, verbose_level=patch.verbose_level, model=patch.model
+    )
+    session = await call(
+        sessions.patch_session,
+        owner_id=conn.state.user_id,
+        key=patch.key,
+        change=change,
+        create=True,  # as OpenClaw: settings may be chosen before the first message
+        agent_id=patch.agent_id,
+    )
+    row = await db_read(_row, session.pk)
+    return Reply(wire.patch_result(row) if row is not None else wire.session_answer(None))
 
 
 @method("sessions.reset", scope=Scope.WRITE)
 async def sessions_reset(conn: Conn, params: dict[str, Any]) -> Reply:
-    key, _agent = frames.session_key_param(params)
+    key, _agent = frames.named_session(params)  # OpenClaw's clients send `{key, agentId?}`
     session, _killed = await call(sessions.reset_session, owner_id=conn.state.user_id, key=key)
-    return Reply({"session": await db_read(_row, session.pk)})
+    return Reply(wire.session_answer(await db_read(_row, session.pk)))
 
 
 @method("sessions.delete", scope=Scope.WRITE)

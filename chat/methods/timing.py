@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from chat.protocol.frames import ProtocolError
+from chat.runtime.availability import Unavailable
 from chat.web.metrics import CHAT_SEND_ACKS, CHAT_SEND_SECONDS, METHOD_CALLS, METHOD_SECONDS
 
 ACK_METHODS = ("chat.send", "sessions.steer")
@@ -29,6 +30,11 @@ async def call_handler(method: str, handler: Callable[..., Awaitable[Any]], conn
         METHOD_CALLS.labels(method, exc.code.lower()).inc()
         if acks:
             CHAT_SEND_ACKS.labels(method, exc.code.lower()).inc()
+        raise
+    except Unavailable:  # answered UNAVAILABLE (chat.websocket.consumer), not a fault
+        METHOD_CALLS.labels(method, "unavailable").inc()
+        if acks:
+            CHAT_SEND_ACKS.labels(method, "unavailable").inc()
         raise
     except Exception:
         METHOD_CALLS.labels(method, "internal").inc()

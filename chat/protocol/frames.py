@@ -11,11 +11,14 @@ import binascii
 import hashlib
 import json
 import re
+import uuid
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from django.conf import settings
+
+from chat.runtime import catalog
 
 PROTOCOL_VERSION = 4
 
@@ -57,6 +60,21 @@ CONTROL_RE = re.compile(r"[\x01-\x08\x0b\x0c\x0e-\x1f\x7f]")
 FRAME_KEYS = {"type", "id", "method", "params"}
 STOP_COMMANDS = {"/stop"}
 RESET_COMMANDS = {"/new", "/reset"}
+STATUS_COMMAND = "/status"
+# OpenClaw's ACP bridge (`openclaw acp`) puts this line and a blank line before every prompt, so an
+# editor's `/status` arrives as "[Working directory: /x]\n\n/status": a command after exactly this
+# header is still a command (docs/protocol-notes.md, "Session settings and inline commands").
+ACP_CWD_HEADER_RE = re.compile(r"\[Working directory: [^\n]*\]\n\n")
+# chat.send's queueMode values; `steer` is OpenClaw's name for what sessions.steer does here.
+QUEUE_MODES = ("followup", "interrupt", "steer")
+# Inline commands that take one optional argument, and the session setting each reads or sets.
+SETTING_COMMANDS = {"/think": "thinkingLevel", "/verbose": "verboseLevel", "/model": "model"}
+# Session settings (docs/protocol-notes.md): OpenClaw's thinking levels this gateway can honour
+# (the catalog's, which the backends read too) and its verbose levels.
+THINKING_LEVELS = catalog.THINKING_LEVELS
+VERBOSE_LEVELS = ("off", "on", "full")
+# The argument of /think, /verbose and /model that clears the session's setting (OpenClaw's word).
+DEFAULT_SETTING = "default"
 
 
 class ProtocolError(Exception):
@@ -108,6 +126,19 @@ def encode(value: Any) -> str:
 
 def invalid(message: str, /, *, field: str | None = None, **details: Any) -> ProtocolError:
     return ProtocolError("INVALID_REQUEST", message, field=field, **details)
+
+
+def unavailable(dependency: str, *, retry_after_ms: int) -> ProtocolError:
+    """A service the request needs is away (docs/protocol-notes.md): retry after `retry_after_ms`
+    (a `chat.send` with the same idempotencyKey, which is safe whether or not it was stored)."""
+    what = "the database" if dependency == "database" else f"the {dependency.replace('_', ' ')}"
+    return ProtocolError(
+        "UNAVAILABLE",
+        f"{what} is unavailable; try again shortly",
+        reason=f"{dependency.replace('_', '-')}-unavailable",
+        retryable=True,
+        retry_after_ms=retry_after_ms,
+    )
 
 
 # --- frames --------------------------------------------------------------------------
@@ -259,8 +290,22 @@ def canonical_key(raw: str, *, field: str = "sessionKey") -> tuple[str, str]:
 
 
 def session_key_name(params: dict[str, Any]) -> str:
-    """Which param names the session: `sessionKey`, or its synonym `key` (OpenClaw's Node client)."""
-    return "key" if params.get("sessionKey") is None and params.get("key") is not None else "sessionKey"
+    """Which param names the session: `sessionKey`, or its synonym `key` (OpenClaw's Node client).
+
+    Both present and different is an error (the two would name different sessions).
+    """
+    key, session_key = params.get("key"), params.get("sessionKey")
+    if key is not None and session_key is not None and key != session_key:
+        raise invalid("key and sessionKey name different sessions", field="key")
+    return "key" if session_key is None and key is not None else "sessionKey"
+
+
+def optional_agent(params: dict[str, Any]) -> str | None:
+    """An optional configured `agentId` (NOT_FOUND when it names no agent)."""
+    agent_id = get_str(params, "agentId", required=False, max_len=64, pattern=AGENT_ID_RE)
+    if agent_id is not None and agent_id not in settings.GATEWAY_AGENTS:
+        raise ProtocolError("NOT_FOUND", f"unknown agent: {agent_id}", field="agentId")
+    return agent_id
 
 
 def session_key_param(params: dict[str, Any]) -> tuple[str, str]:
@@ -269,8 +314,6 @@ def session_key_param(params: dict[str, Any]) -> tuple[str, str]:
     Errors name whichever of the two the client sent. Both present and different is an error.
     """
     name = session_key_name(params)
-    if name == "sessionKey" and params.get("key") is not None and params.get("key") != params.get("sessionKey"):
-        raise invalid("key and sessionKey name different sessions", field="key")
     raw = get_str(params, name, max_len=220)
     assert raw is not None
     return canonical_key(raw, field=name)
@@ -283,9 +326,7 @@ def agent_session(params: dict[str, Any], *, default_name: str | None) -> tuple[
     `default_name` session, or None when there is no default (a new session). NOT_FOUND for
     an unknown agent.
     """
-    agent_id = get_str(params, "agentId", required=False, max_len=64, pattern=AGENT_ID_RE)
-    if agent_id is not None and agent_id not in settings.GATEWAY_AGENTS:
-        raise ProtocolError("NOT_FOUND", f"unknown agent: {agent_id}", field="agentId")
+    agent_id = optional_agent(params)
     name = session_key_name(params)
     raw_key = get_str(params, name, required=False, max_len=220)
     if raw_key is None:
@@ -377,6 +418,15 @@ class ChatSendParams:
     timeout_ms: int = 600_000
     wait_ms: int = 0
     queue_mode: str = "followup"
+    # A steer (sessions.steer, or queueMode "steer"): queue mode interrupt, the active run stopped
+    # with stopReason `steer`.
+    steer: bool = False
+    # An inline command (§4): its name ("/think"), and for /think, /verbose and /model the value it
+    # sets, validated ("" = back to the default; None = no argument: report the current value);
+    # `command_text` is the command as typed (without the ACP bridge's header).
+    command: str | None = None
+    command_arg: str | None = None
+    command_text: str = ""
 
     @property
     def body_hash(self) -> str:
@@ -386,12 +436,121 @@ class ChatSendParams:
         }
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
-    @property
-    def command(self) -> str | None:
-        text = self.message.strip()
-        if not self.attachments and text in STOP_COMMANDS | RESET_COMMANDS:
-            return text
+
+def command_line(message: str) -> str:
+    """The text a command is read from: the message without the ACP bridge's leading
+    `[Working directory: …]` line and blank line when it starts with exactly that (nothing else
+    is stripped)."""
+    header = ACP_CWD_HEADER_RE.match(message)
+    return message[header.end() :] if header else message
+
+
+def parse_command(message: str, agent_id: str) -> tuple[str, str | None] | None:
+    """The inline command a message is, with its validated argument; None for a message to the model.
+
+    /stop, /new, /reset and /status are commands only as the whole message. /think, /verbose and
+    /model are commands with at most one argument: a wrong one is INVALID_REQUEST with
+    `details.field: "message"`, so a mistyped setting never reaches the model; followed by more
+    than one word ("/think about this bug") the message is a sentence, for the model.
+    """
+    words = message.split()
+    if not words:
         return None
+    name, args = words[0], words[1:]
+    if name in STOP_COMMANDS | RESET_COMMANDS | {STATUS_COMMAND}:
+        return (name, None) if not args else None
+    if name not in SETTING_COMMANDS:
+        return None
+    setting = SETTING_COMMANDS[name]
+    if len(args) > 1:
+        return None
+    if not args:
+        return name, None
+    if args[0].lower() == DEFAULT_SETTING:
+        return name, ""
+    value = setting_value(setting, args[0], agent_id, field="message")
+    return name, value
+
+
+def setting_choices(setting: str, agent_id: str) -> list[str]:
+    """The values a session setting accepts, as an error message lists them."""
+    if setting == "thinkingLevel":
+        return [*THINKING_LEVELS, DEFAULT_SETTING]
+    if setting == "verboseLevel":
+        return [*VERBOSE_LEVELS, DEFAULT_SETTING]
+    return [*catalog.models_of(catalog.config_of(agent_id)), DEFAULT_SETTING]
+
+
+def setting_value(setting: str, raw: Any, agent_id: str, *, field: str) -> str:
+    """A session setting's value from client input (levels case-insensitively; a model by its id or
+    `provider/id`), or INVALID_REQUEST naming `field` and what it accepts."""
+    if not isinstance(raw, str):
+        raise invalid(f"{setting} must be a string or null", field=field)
+    require_unicode(raw, field)
+    text = raw.strip()
+    if setting == "model":
+        model = catalog.resolve_model(agent_id, text)
+        if model is None:
+            allowed = ", ".join(catalog.models_of(catalog.config_of(agent_id))) or "none"
+            raise invalid(f"agent {agent_id!r} has no model {text[:200]!r} (its models: {allowed})", field=field)
+        return model
+    levels = THINKING_LEVELS if setting == "thinkingLevel" else VERBOSE_LEVELS
+    if text.lower() not in levels:
+        raise invalid(f"{setting} must be one of {', '.join(levels)}", field=field)
+    return text.lower()
+
+
+def parse_models_list(params: dict[str, Any]) -> list[str]:
+    """`models.list {agentId?, sessionKey?}`: the agents whose models to list — the one named (by
+    `agentId`, or by a session's key), else every configured agent. OpenClaw's other params
+    (`includeDetails`, `view`, ...) are ignored: there is no catalog beyond the configured models."""
+    agent_id = optional_agent(params)
+    if agent_id is not None:
+        return [agent_id]
+    if params.get("sessionKey") is not None or params.get("key") is not None:
+        return [session_key_param(params)[1]]
+    return list(settings.GATEWAY_AGENTS)
+
+
+@dataclass(frozen=True)
+class SessionPatch:
+    """`sessions.patch` params: for each field None when not given, "" to clear (JSON null)."""
+
+    key: str
+    agent_id: str
+    label: str | None = None
+    thinking_level: str | None = None
+    verbose_level: str | None = None
+    model: str | None = None
+
+
+def parse_session_patch(params: dict[str, Any]) -> SessionPatch:
+    """Validate `sessions.patch {key, label?, thinkingLevel?, verboseLevel?, model?}` completely.
+
+    As in OpenClaw, `null` clears a field (no label; the agent's default level or model) and a
+    field left out stays as it is; at least one must be given. A bad value changes nothing.
+    """
+    key, agent_id = named_session(params)  # OpenClaw's clients send `{key, agentId?}`
+    values: dict[str, str | None] = {}
+    for name in ("label", "thinkingLevel", "verboseLevel", "model"):
+        if name not in params:
+            values[name] = None
+        elif params[name] is None:
+            values[name] = ""
+        elif name == "label":
+            values[name] = get_str(params, "label", min_len=0, max_len=200)
+        else:
+            values[name] = setting_value(name, params[name], agent_id, field=name)
+    if all(value is None for value in values.values()):
+        raise invalid("nothing to change: give label, thinkingLevel, verboseLevel or model")
+    return SessionPatch(
+        key=key,
+        agent_id=agent_id,
+        label=values["label"],
+        thinking_level=values["thinkingLevel"],
+        verbose_level=values["verboseLevel"],
+        model=values["model"],
+    )
 
 
 def parse_chat_send(params: dict[str, Any]) -> ChatSendParams:
@@ -423,8 +582,11 @@ def parse_chat_send(params: dict[str, Any]) -> ChatSendParams:
     timeout_ms = get_int(params, "timeoutMs", lo=1000, hi=3_600_000, default=settings.GATEWAY_DEFAULT_TIMEOUT_MS)
     wait_ms = get_int(params, "waitMs", lo=0, hi=120_000, default=0)
     queue_mode = params.get("queueMode", "followup")
-    if queue_mode not in ("followup", "interrupt"):
-        raise invalid("queueMode must be 'followup' or 'interrupt'", field="queueMode")
+    if queue_mode not in QUEUE_MODES:
+        raise invalid("queueMode must be 'followup', 'interrupt' or 'steer'", field="queueMode")
+    steer = queue_mode == "steer"  # OpenClaw's Control UI sends it when typing during a run
+    text = command_line(message)
+    command = None if attachments else parse_command(text, agent_id)
     return ChatSendParams(
         key=key,
         agent_id=agent_id,
@@ -433,7 +595,11 @@ def parse_chat_send(params: dict[str, Any]) -> ChatSendParams:
         attachments=attachments,
         timeout_ms=timeout_ms or settings.GATEWAY_DEFAULT_TIMEOUT_MS,
         wait_ms=wait_ms or 0,
-        queue_mode=queue_mode,
+        queue_mode="interrupt" if steer else queue_mode,
+        steer=steer,
+        command=command[0] if command else None,
+        command_arg=command[1] if command else None,
+        command_text=text.strip() if command else "",
     )
 
 
@@ -479,3 +645,270 @@ def parse_approval_resolve(params: dict[str, Any]) -> tuple[str, str]:
     if decision not in APPROVAL_DECISIONS:
         raise invalid("decision must be allow-once or deny", field="decision")
     return approval_id, decision
+
+
+# --- OpenClaw's client methods (docs/protocol-notes.md, "OpenClaw's own clients") ---------------
+
+# A Control UI link names a session by the first 8..32 hex digits of the UUID its key ends with.
+SHORT_ID_RE = re.compile(r"[0-9a-fA-F]{8,32}")
+UUID_SUFFIX_RE = re.compile(r"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$", re.IGNORECASE)
+# setTimeout's largest delay, the bound OpenClaw's clients put on a wait
+MAX_WAIT_MS = 2_147_483_647
+DEFAULT_AGENT_WAIT_MS = 30_000
+
+
+def named_session(params: dict[str, Any]) -> tuple[str, str]:
+    """A session named by `key` (or `sessionKey`), with `agentId` for a bare key, as OpenClaw's
+    clients name one: the canonical key and its agent. The key is required."""
+    key, agent_id = agent_session(params, default_name=None)
+    if key is None:
+        raise invalid("sessionKey is required", field="sessionKey")  # as every method says it
+    return key, agent_id
+
+
+def dashed_uuid_prefix(hex_digits: str) -> str:
+    """The start of a UUID as written (8-4-4-4-12, dashes) that these first hex digits are."""
+    groups, at = [], 0
+    for width in (8, 4, 4, 4, 12):
+        if at >= len(hex_digits):
+            break
+        groups.append(hex_digits[at : at + width])
+        at += width
+    return "-".join(groups)
+
+
+def short_id(params: dict[str, Any]) -> str:
+    """`shortId`: 8..32 hex digits, lower-cased (the start of a session key's UUID, dashes left out)."""
+    value = get_str(params, "shortId", max_len=32)
+    assert value is not None
+    if not SHORT_ID_RE.fullmatch(value):
+        raise invalid("shortId must be 8-32 hexadecimal characters", field="shortId")
+    return value.lower()
+
+
+@dataclass
+class ResolveParams:
+    """`sessions.resolve`: exactly one of key, sessionId, label, shortId names the session."""
+
+    agent_id: str | None
+    allow_missing: bool
+    key: str | None = None
+    session_id: uuid.UUID | None = None
+    label: str | None = None
+    short_id: str | None = None
+    unmatchable: bool = False  # a sessionId that is no UUID names no session here
+    # the selector as errors name it: its param, and its value as given (a key made canonical)
+    field: str = "key"
+    value: str = ""
+
+
+RESOLVE_SELECTORS = ("key", "sessionKey", "sessionId", "label", "shortId", "reference")
+
+
+def parse_sessions_resolve(params: dict[str, Any]) -> ResolveParams:
+    """Validate `sessions.resolve` params (OpenClaw's selectors; `reference.key` counts as `key`)."""
+    given = [name for name in RESOLVE_SELECTORS if params.get(name) is not None]
+    if "key" in given and "sessionKey" in given:
+        given.remove("sessionKey")  # `session_key_param` rules on the pair
+    if len(given) > 1:
+        raise invalid("Provide either key, sessionId, label, shortId, or reference (not multiple)", field=given[1])
+    if not given:
+        raise invalid("Either key, sessionId, label, shortId, or reference is required", field="key")
+    if params.get("slugHint") is not None and given != ["shortId"]:
+        raise invalid("slugHint requires shortId", field="slugHint")
+    agent_id = optional_agent(params)
+    resolved = ResolveParams(agent_id=agent_id, allow_missing=get_bool(params, "allowMissing"))
+    selector = given[0]
+    if selector in ("key", "sessionKey"):
+        resolved.key, _agent = named_session(params)
+    elif selector == "reference":
+        reference = params["reference"]
+        if not isinstance(reference, dict):
+            raise invalid("reference must be an object", field="reference")
+        key = get_str(reference, "key", max_len=220)
+        resolved.key, _agent = named_session({"key": key, "agentId": agent_id})
+    elif selector == "sessionId":
+        raw = get_str(params, "sessionId", max_len=64)
+        assert raw is not None
+        resolved.field, resolved.value = "sessionId", raw  # as given: one that is no UUID is named too
+        try:
+            resolved.session_id = uuid.UUID(raw)
+        except ValueError:
+            resolved.unmatchable = True
+    elif selector == "label":
+        label = get_str(params, "label", max_len=200)
+        assert label is not None
+        if not label.strip():
+            raise invalid("label must not be blank", field="label")
+        resolved.label = resolved.value = label.strip()
+        resolved.field = "label"
+    else:
+        resolved.short_id = resolved.value = short_id(params)
+        resolved.field = "shortId"
+    if resolved.key is not None:
+        resolved.value = resolved.key
+    return resolved
+
+
+@dataclass
+class StartupParams:
+    """`chat.startup`: a session's first page, named by its key or by a link's shortId."""
+
+    limit: int
+    max_bytes: int | None
+    key: str | None = None
+    short_id: str | None = None
+    agent_id: str | None = None
+
+
+def parse_chat_startup(params: dict[str, Any]) -> StartupParams:
+    """Validate `chat.startup` params: `sessionKey` (as `chat.history`), or `shortId` with `agentId`."""
+    limit = get_int(params, "limit", lo=1, hi=1000, default=200) or 200
+    max_bytes = get_int(params, "maxBytes", lo=1024, hi=MAX_WAIT_MS, default=None)
+    if params.get("shortId") is not None and params.get("sessionKey") is None and params.get("key") is None:
+        agent_id = optional_agent(params)
+        if agent_id is None:
+            raise invalid("agentId is required with shortId", field="agentId")
+        return StartupParams(limit, max_bytes, short_id=short_id(params), agent_id=agent_id)
+    key, agent_id = named_session(params)
+    return StartupParams(limit, max_bytes, key=key, agent_id=agent_id)
+
+
+@dataclass
+class AgentWaitParams:
+    """`agent.wait {runId, timeoutMs?}`; an optional session key narrows a runId used in several."""
+
+    run_id: str
+    timeout_ms: int
+    key: str | None
+
+
+def parse_agent_wait(params: dict[str, Any]) -> AgentWaitParams:
+    run_id = get_str(params, "runId", max_len=128, pattern=RUN_ID_RE)
+    assert run_id is not None
+    timeout_ms = get_int(params, "timeoutMs", lo=0, hi=MAX_WAIT_MS, default=DEFAULT_AGENT_WAIT_MS)
+    key = None
+    if params.get("sessionKey") is not None or params.get("key") is not None:
+        key, _agent = named_session(params)
+    return AgentWaitParams(run_id, DEFAULT_AGENT_WAIT_MS if timeout_ms is None else timeout_ms, key)
+
+
+@dataclass
+class ListParams:
+    """`sessions.list`: a page of the caller's sessions (OpenClaw's `limit` goes up to 10000)."""
+
+    limit: int
+    offset: int
+    status: str | None
+    active_only: bool
+    search: str | None
+    agent_id: str | None
+    spawned_by: str | None  # sessions spawned by another: this gateway has none
+    active_minutes: int | None = None  # only sessions updated within this many minutes
+
+
+LIST_STATUSES = frozenset({"running", "done", "failed", "killed", "timeout", "none"})
+# OpenClaw puts no bound on `limit` (its Control UI asks for 10000, its ACP bridge for up to 10101):
+# a page is bounded anyway (at most `outbound.MAX_LIST_ROWS` rows, and one frame), so any positive
+# number is taken.
+MAX_LIST_LIMIT = MAX_WAIT_MS
+
+
+def parse_sessions_list(params: dict[str, Any]) -> ListParams:
+    """Validate `sessions.list` params; OpenClaw's display options (`includeGlobal`, …) are ignored."""
+    limit = get_int(params, "limit", lo=1, hi=MAX_LIST_LIMIT, default=100) or 100
+    offset = get_int(params, "offset", lo=0, hi=10_000_000, default=0) or 0
+    status = get_str(params, "status", required=False, max_len=16)
+    if status is not None and status not in LIST_STATUSES:
+        raise invalid("status must be one of " + ", ".join(sorted(LIST_STATUSES)), field="status")
+    search = get_str(params, "search", required=False, min_len=0, max_len=200)
+    spawned_by = get_str(params, "spawnedBy", required=False, min_len=0, max_len=220)
+    return ListParams(
+        limit=limit,
+        offset=offset,
+        status=status,
+        active_only=get_bool(params, "activeOnly"),
+        search=search or None,
+        agent_id=optional_agent(params),
+        spawned_by=spawned_by or None,
+        active_minutes=get_int(params, "activeMinutes", lo=1, hi=100_000_000, default=None),
+    )
+
+
+@dataclass
+class CreateParams:
+    """`sessions.create`: the session to create and its optional first message."""
+
+    key: str | None  # None: a generated name
+    agent_id: str
+    label: str
+    first: ChatSendParams | None = None
+    # The key was derived from the first message's idempotencyKey (no key given): a retry of this
+    # create names the same session, so it is answered as a replay and runs nothing twice.
+    derived_key: bool = False
+
+
+def parse_sessions_create(params: dict[str, Any]) -> CreateParams:
+    """Validate `sessions.create {key?, agentId?, label?, message?, attachments?, timeoutMs?,
+    idempotencyKey?}` completely, its first message included, before anything is stored."""
+    key, agent_id = agent_session(params, default_name=None)
+    label = get_str(params, "label", required=False, min_len=0, max_len=200) or ""
+    first = parse_first_message(params, agent_id)
+    derived = False
+    if key is None and first is not None and params.get("idempotencyKey") is not None:
+        key, derived = f"agent:{agent_id}:{derived_name(first.run_id)}", True
+    return CreateParams(key=key, agent_id=agent_id, label=label, first=first, derived_key=derived)
+
+
+def derived_name(idempotency_key: str) -> str:
+    """The session name a key-less `sessions.create` with a first message gets from its
+    idempotencyKey: `s-` and 10 hex digits, as a generated name, but the same on every retry."""
+    return "s-" + hashlib.sha256(idempotency_key.encode()).hexdigest()[:10]
+
+
+def parse_first_message(params: dict[str, Any], agent_id: str) -> ChatSendParams | None:
+    """`sessions.create`'s optional first message (`message`, `attachments`, `timeoutMs`), validated
+    as the `chat.send` it becomes, before anything is stored; None without one. Its runId is the
+    create's `idempotencyKey` when one is sent (a retried create replays the run instead of
+    running it again), else a fresh one, as OpenClaw gives it. Its `key` is set once the session
+    exists."""
+    if params.get("message") in (None, "") and not params.get("attachments"):
+        return None
+    run_id = params.get("idempotencyKey")
+    send = {
+        "sessionKey": f"agent:{agent_id}:main",  # a stand-in: the created session's key replaces it
+        "message": params.get("message"),
+        "attachments": params.get("attachments"),
+        "timeoutMs": params.get("timeoutMs"),
+        "idempotencyKey": uuid.uuid4().hex if run_id is None else run_id,
+    }
+    return parse_chat_send({k: v for k, v in send.items() if v is not None})
+
+
+MAX_HISTORY_LIMIT = 1000
+
+
+def parse_sessions_get(params: dict[str, Any]) -> tuple[str, int]:
+    """`sessions.get {key, limit?}`: the session, and how many of its newest messages (default 200).
+
+    OpenClaw bounds `limit` only below (its ACP bridge asks for a million): more than
+    `chat.history`'s 1000 is read as 1000.
+    """
+    key, _agent = named_session(params)
+    limit = get_int(params, "limit", lo=1, hi=MAX_WAIT_MS, default=200) or 200
+    return key, min(limit, MAX_HISTORY_LIMIT)
+
+
+def parse_messages_subscribe(params: dict[str, Any]) -> tuple[str, bool]:
+    """`sessions.messages.subscribe {key, agentId?, includeApprovals?}`: the session, and whether
+    approvals are asked for (the handler checks the scope they need)."""
+    key, _agent = named_session(params)
+    return key, get_bool(params, "includeApprovals")
+
+
+def parse_identity(params: dict[str, Any]) -> str:
+    """`agent.identity.get {agentId?, sessionKey?}`: the agent asked about (`main` by default)."""
+    if params.get("sessionKey") is not None or params.get("key") is not None:
+        _key, agent_id = named_session(params)
+        return agent_id
+    return optional_agent(params) or "main"

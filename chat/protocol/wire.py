@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from chat.protocol import frames
+from chat.runtime import catalog
 from sessions_app import gateway_reads, statements
 from sessions_app.lifecycle.runs import SendOutcome
 from sessions_app.models import OPEN_STATES, ChatSession, Message, Run, RunState, SessionStatus, ToolApproval, ToolCall
@@ -45,6 +47,17 @@ class ChatState(StrEnum):
 
 
 TERMINAL_CHAT_STATES = (ChatState.FINAL, ChatState.ABORTED, ChatState.ERROR)
+
+# OpenClaw's Control UI (its `client.id`) reads a `status` event's phase as one of OpenClaw's startup
+# phases and fails to render any other: it is told `dispatching` in its words, and not the rest.
+OPENCLAW_CONTROL_UI = "openclaw-control-ui"
+OPENCLAW_STATUS_PHASES = {RunState.DISPATCHING.value: "starting_model"}
+
+
+def status_phases(client_id: str) -> dict[str, str] | None:
+    """How a client is told `chat` status phases: None, as they are (§5); else only these, renamed."""
+    return OPENCLAW_STATUS_PHASES if client_id == OPENCLAW_CONTROL_UI else None
+
 
 # the ack a repeated key gets for its run's stored state (§4)
 _REPLAY_ACK = {
@@ -163,9 +176,28 @@ def session_row(session: ChatSession, queued: Sequence[str]) -> dict[str, Any]:
         "lastRunError": session.last_run_error or None,
         # TOOLS.md §13.2: "approval" while an approval of its run waits for a decision
         "waitingFor": (session.waiting_for or None) if running else None,
+        **session_settings(session),
         "version": session.version,
         "createdAt": ms(session.created_at),
         "updatedAt": ms(session.updated_at),
+    }
+
+
+def session_settings(session: ChatSession) -> dict[str, Any]:
+    """The row's settings and token counts (docs/protocol-notes.md, "Session settings"), read from
+    the row and the agent's configuration alone: no query, whatever the number of rows."""
+    config = catalog.config_of(session.agent_id)
+    inputs, outputs = session.input_tokens, session.output_tokens
+    return {
+        "thinkingLevel": session.thinking_level or None,
+        "verboseLevel": session.verbose_level or None,
+        # the model a run of this session would use now (an override the agent no longer lists is not)
+        "model": catalog.session_model(config, session.model_override) or None,
+        "modelProvider": catalog.provider_of(session.agent_id),
+        "inputTokens": inputs,
+        "outputTokens": outputs,
+        "totalTokens": inputs + outputs if inputs is not None and outputs is not None else None,
+        "contextTokens": catalog.context_tokens(config),
     }
 
 
@@ -180,6 +212,16 @@ def row_of(session_pk: int) -> dict[str, Any] | None:
     """The row of one session as stored now, or None when it is gone."""
     session = gateway_reads.session_by_pk(session_pk)
     return session_rows([session])[0] if session is not None else None
+
+
+def session_answer(row: dict[str, Any] | None, **extra: Any) -> dict[str, Any]:
+    """The answer of a method that creates or changes a session: the row as `session` (ours) and,
+    as OpenClaw answers, `ok`, `key`, `sessionId` and the row again as `entry`."""
+    answer: dict[str, Any] = {"ok": True, "session": row}
+    if row is not None:
+        answer.update({"key": row["key"], "sessionId": row["sessionId"], "entry": row})
+    answer.update(extra)
+    return answer
 
 
 def row_event(row: dict[str, Any], reason: str, run_id: str | None = None) -> dict[str, Any]:
@@ -311,11 +353,28 @@ def ack_payload(run: Run | None, status: AckStatus, session_key: str, session_id
 # --- history and lists ----------------------------------------------------------------------------
 
 
-def message_items(msg: Message, runs: dict[int, Run], tools: dict[int, list[ToolCall]]) -> list[dict[str, Any]]:
+def message_items(
+    msg: Message, runs: dict[int, Run], tools: dict[int, list[ToolCall]], seq: int | None = None
+) -> list[dict[str, Any]]:
     """A transcript message; an assistant reply with tool calls also gets its `toolResult` messages (§13.4)."""
     calls = tools.get(msg.run_id, []) if msg.run_id is not None and msg.role == "assistant" else []
-    item = message_item(msg, runs, calls)
+    item = message_item(msg, runs, calls, seq)
     return [item, *(tool_result_message(c, item) for c in calls)]
+
+
+def openclaw_identity(item: dict[str, Any], seq: int | None) -> dict[str, Any]:
+    """OpenClaw's `__openclaw` identity of a history message: `id`, its position `seq` in the
+    transcript and, for a run's messages, `runId` and the `idempotencyKey` OpenClaw gives them
+    (`RUNID:user` for the prompt, `RUNID` for the reply). Its clients match the messages they
+    showed live against history by these, so a turn is not shown twice."""
+    identity: dict[str, Any] = {"id": item["id"]}
+    if seq is not None:
+        identity["seq"] = seq
+    run_id = item.get("runId")
+    if run_id is not None:
+        identity["runId"] = run_id
+        identity["idempotencyKey"] = f"{run_id}:user" if item["role"] == "user" else run_id
+    return identity
 
 
 def assistant_content(text: str, calls: Sequence[ToolCall]) -> list[dict[str, Any]]:
@@ -345,10 +404,13 @@ def tool_result_message(call: ToolCall, reply: dict[str, Any]) -> dict[str, Any]
         "status": call.state,
         "timestamp": ms(call.ended_at) or reply["timestamp"],
         **({"runId": reply["runId"]} if "runId" in reply else {}),
+        "__openclaw": {"id": call.call_id, **({"runId": reply["runId"]} if "runId" in reply else {})},
     }
 
 
-def message_item(msg: Message, runs: dict[int, Run], calls: Sequence[ToolCall] = ()) -> dict[str, Any]:
+def message_item(
+    msg: Message, runs: dict[int, Run], calls: Sequence[ToolCall] = (), seq: int | None = None
+) -> dict[str, Any]:
     item: dict[str, Any] = {
         "id": str(msg.pk),
         "role": msg.role,
@@ -360,9 +422,20 @@ def message_item(msg: Message, runs: dict[int, Run], calls: Sequence[ToolCall] =
         item["runId"] = run.run_id
     if msg.aborted:
         item["aborted"] = True
+    if msg.command_key:
+        # An inline command or its answer: OpenClaw's TUI shows these as notices. The command's
+        # key (its ack's runId) lets a client match the command it showed as sent.
+        item["command"] = True
+        item["runId"] = msg.command_key
     if run is not None and msg.role == "assistant" and run.is_terminal:
         item.update(run_details(run))
+    item["__openclaw"] = openclaw_identity(item, seq)
     return item
+
+
+def empty_history(key: str) -> dict[str, Any]:
+    """`chat.history` of a key never used: an empty conversation, not an error."""
+    return {"sessionKey": key, "sessionId": None, "messages": [], "hasMore": False, "session": None, "queuedRuns": []}
 
 
 def history(session: ChatSession, transcript: gateway_reads.Transcript) -> dict[str, Any]:
@@ -370,7 +443,11 @@ def history(session: ChatSession, transcript: gateway_reads.Transcript) -> dict[
     payload: dict[str, Any] = {
         "sessionKey": session.key,
         "sessionId": str(session.session_id),
-        "messages": [item for m in transcript.messages for item in message_items(m, transcript.runs, transcript.tools)],
+        "messages": [
+            item
+            for i, m in enumerate(transcript.messages)
+            for item in message_items(m, transcript.runs, transcript.tools, transcript.first_seq + i)
+        ],
         "hasMore": transcript.has_more,
         "session": session_row(session, [r.run_id for r in transcript.queued]),
     }
@@ -386,30 +463,208 @@ def history(session: ChatSession, transcript: gateway_reads.Transcript) -> dict[
     return payload
 
 
-def agents(configured: dict[str, dict[str, Any]]) -> list[dict[str, str]]:
-    """The agents a client may choose: id, display name, model, backend (nothing else of their config)."""
+# OpenClaw's session scope: each user has their own sessions (and their own `main`).
+SESSION_SCOPE = "per-sender"
+MAIN_KEY = "main"
+
+
+def agent_entries(configured: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The agents a client may choose: id, display name, model (OpenClaw's `{primary}`), backend.
+
+    Nothing else of their config (keys, URLs) is sent.
+    """
     return [
         {
             "id": agent_id,
             "name": str(config.get("name") or agent_id),
-            "model": str(config.get("model") or ""),
+            "model": {"primary": catalog.default_model(config)} if catalog.default_model(config) else {},
             "backend": str(config.get("backend") or ""),
         }
         for agent_id, config in configured.items()
     ]
 
 
-def session_list(page: gateway_reads.SessionPage, offset: int) -> dict[str, Any]:
-    rows = session_rows(page.sessions)
-    has_more = offset + len(rows) < page.total
+def agents_list(configured: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """`agents.list`: the agents, the default one, and how sessions are keyed (as OpenClaw says it)."""
+    return {"agents": agent_entries(configured), "defaultId": "main", "mainKey": MAIN_KEY, "scope": SESSION_SCOPE}
+
+
+def session_defaults(agent_id: str) -> dict[str, Any]:
+    """What a new session of `agent_id` runs with (`sessions.list` and `chat.startup` `defaults`).
+
+    `modelSelectionTarget` is always `session`: a model chosen in a client applies to its session,
+    never to the gateway's configuration (which no client edits here).
+    """
+    config = catalog.config_of(agent_id)
     return {
-        "ts": now_ms(),
-        "count": len(rows),
-        "totalCount": page.total,
-        "hasMore": has_more,
-        "nextOffset": offset + len(rows) if has_more else None,
-        "sessions": rows,
+        "agentId": agent_id,
+        "modelProvider": catalog.provider_of(agent_id),
+        "model": catalog.default_model(config) or None,
+        "contextTokens": catalog.context_tokens(config),
+        "thinkingLevels": thinking_levels(),
+        "thinkingOptions": list(frames.THINKING_LEVELS),
+        # what a session that chose no level runs with (OpenClaw's effort picker shows it)
+        "thinkingDefault": catalog.thinking_default(config),
+        "mainKey": MAIN_KEY,
+        "mainSessionKey": f"agent:{agent_id}:{MAIN_KEY}",
+        "modelSelectionTarget": "session",
     }
+
+
+def session_list(page: gateway_reads.SessionPage, offset: int, defaults: dict[str, Any]) -> dict[str, Any]:
+    """A `sessions.list` page (`outbound.fit_list` may shorten it to fit one frame)."""
+    rows = session_rows(page.sessions)
+    payload = {"ts": now_ms(), "totalCount": page.total, "defaults": defaults, "sessions": rows}
+    return paged(payload, offset)
+
+
+def paged(payload: dict[str, Any], offset: int) -> dict[str, Any]:
+    """Set a list page's `count`, `hasMore` and `nextOffset` from the rows it holds."""
+    count = len(payload["sessions"])
+    has_more = offset + count < payload["totalCount"]
+    payload.update({"count": count, "hasMore": has_more, "nextOffset": offset + count if has_more else None})
+    return payload
+
+
+# --- session settings and inline commands (docs/protocol-notes.md, "Session settings") ------------
+
+
+def thinking_levels() -> list[dict[str, str]]:
+    """The thinking levels a session may choose, as OpenClaw lists them (`{id, label}`)."""
+    return [{"id": level, "label": level} for level in frames.THINKING_LEVELS]
+
+
+def model_choices(agent_ids: Sequence[str]) -> dict[str, Any]:
+    """`models.list` in OpenClaw's shape: the models sessions of these agents may choose, each once."""
+    models: list[dict[str, Any]] = []
+    seen: set[tuple[str | None, str]] = set()
+    for agent_id in agent_ids:
+        config = catalog.config_of(agent_id)
+        provider, context = catalog.provider_of(agent_id), catalog.context_tokens(config)
+        for model in catalog.models_of(config):
+            if (provider, model) in seen:
+                continue
+            seen.add((provider, model))
+            choice: dict[str, Any] = {"id": model, "name": model, "provider": provider}
+            if context is not None:
+                choice["contextTokens"] = context
+            choice["thinkingLevels"] = thinking_levels()
+            models.append(choice)
+    return {"models": models}
+
+
+def patch_result(row: dict[str, Any]) -> dict[str, Any]:
+    """`sessions.patch`'s answer: a `session_answer` with OpenClaw's `resolved` (the model and
+    thinking level the session now runs with, and the levels it may choose)."""
+    resolved = {
+        "modelProvider": row["modelProvider"],
+        "model": row["model"],
+        "thinkingLevel": row["thinkingLevel"],
+        "thinkingLevels": thinking_levels(),
+    }
+    return session_answer(row, resolved=resolved)
+
+
+def _model_ref(row: dict[str, Any]) -> str:
+    return f"{row['modelProvider']}/{row['model']}" if row["model"] else "none"
+
+
+def _setting_text(value: str | None) -> str:
+    return value if value else "default"
+
+
+def command_answer(command: str, arg: str | None) -> Callable[[ChatSession], str]:
+    """The answer of /status, /think, /verbose or /model, made from the row as the command left it."""
+
+    def answer(session: ChatSession) -> str:
+        row = session_rows([session])[0]
+        if command == frames.STATUS_COMMAND:
+            return status_text(row)
+        setting = frames.SETTING_COMMANDS[command]
+        if setting == "model":
+            if arg is None:
+                config = catalog.config_of(session.agent_id)
+                default = catalog.default_model(config)
+                listed = ", ".join(f"{m} (default)" if m == default else m for m in catalog.models_of(config))
+                return f"Current model: {_model_ref(row)}.\nModels of agent {session.agent_id}: {listed or 'none'}."
+            if arg == "":
+                return f"Model reset to default: {_model_ref(row)}."
+            return f"Model set to {_model_ref(row)}."
+        title = "Thinking level" if setting == "thinkingLevel" else "Verbose level"
+        if arg is None:
+            choices = ", ".join(frames.setting_choices(setting, session.agent_id))
+            return f"Current {title.lower()}: {_setting_text(row[setting])}.\nOptions: {choices}."
+        if arg == "":
+            return f"{title} reset to default."
+        return f"{title} set to {arg}."
+
+    return answer
+
+
+def status_text(row: dict[str, Any]) -> str:
+    """/status: the session, its agent and model, its settings, its runs and its token counts."""
+    if row["hasActiveRun"]:
+        run = f"running {row['activeRunIds'][0]}"
+    elif row["status"] is None:
+        run = "idle, no run yet"
+    else:
+        run = f"idle, last run {row['status']} ({row['lastRunId']})"
+    if row["queuedRunIds"]:
+        run += f", {len(row['queuedRunIds'])} queued"
+    if row["totalTokens"] is not None:
+        tokens = f"{row['inputTokens']} in, {row['outputTokens']} out, {row['totalTokens']} total"
+    else:
+        tokens = "not reported"
+    if row["contextTokens"] is not None:
+        tokens += f" (context budget {row['contextTokens']})"
+    return "\n".join(
+        [
+            f"Session {row['key']} (sessionId {row['sessionId']})",
+            f"Agent {row['agentId']}, model {_model_ref(row)}",
+            f"Thinking {_setting_text(row['thinkingLevel'])}, verbose {_setting_text(row['verboseLevel'])}",
+            f"Run: {run}",
+            f"Tokens (last run): {tokens}",
+        ]
+    )
+
+
+def stop_answer(command: str, session_id: str, killed: Sequence[str]) -> str:
+    """The answer of /stop, /new and /reset."""
+    stopped = f"Stopped {len(killed)} run{'s' if len(killed) != 1 else ''}: {', '.join(killed)}." if killed else ""
+    if command in frames.STOP_COMMANDS:
+        return stopped or "Nothing to stop."
+    return " ".join(filter(None, [f"New conversation started (sessionId {session_id}).", stopped]))
+
+
+def command_final(run_id: str, session: ChatSession, reply: str) -> dict[str, Any]:
+    """An inline command's answer as the `chat` `final` of its runId (seq 1: there is no run and no
+    other event), sent to the requesting connection before the ack. The message is a run's final
+    message marked `command`, as the stored answer is in history (OpenClaw's TUI shows it as a
+    notice)."""
+    return {
+        "runId": run_id,
+        "sessionKey": session.key,
+        "sessionId": str(session.session_id),
+        "seq": 1,
+        "state": ChatState.FINAL.value,
+        "stopReason": "stop",
+        "message": {**assistant_message(reply, now_ms()), "command": True},
+    }
+
+
+def command_ack(run_id: str, session: ChatSession, command: str, reply: str, killed: Sequence[str]) -> dict[str, Any]:
+    """The `ok` ack of an inline command (§4): terminal, no run behind it; `reply` is its answer."""
+    return ack_payload(
+        None,
+        AckStatus.OK,
+        session.key,
+        str(session.session_id),
+        runId=run_id,
+        aborted=bool(killed),
+        runIds=list(killed),
+        command=command,
+        reply=reply,
+    )
 
 
 # --- tools (TOOLS.md §13) -------------------------------------------------------------------------
@@ -514,3 +769,182 @@ def tool_item(call: ToolCall) -> dict[str, Any]:
         item["isError"] = call.is_error
         item["result"] = {"content": tool_content(call.result)}
     return item
+
+
+# --- OpenClaw's client methods (docs/protocol-notes.md, "OpenClaw's own clients") ------------------
+
+
+def wait_result(run: Run | None, run_id: str, session_key: str) -> dict[str, Any]:
+    """`agent.wait`'s answer: the run's real outcome, or `pending` while it is still open.
+
+    OpenClaw's words: `ok` (done), `error` (failed, or aborted: `aborted: true` and the
+    `stopReason`), `timeout` (ran out of time), each with `endedAt`; `pending` (with `phase`) when
+    the wait ended first. Its clients read any other status as `ok`, so no other word is used.
+    `run` None: the run went with its deleted session, which aborted it (stopReason `delete`).
+    """
+    base: dict[str, Any] = {"runId": run_id, "sessionKey": session_key}
+    if run is None:
+        return {
+            **base,
+            "status": "error",
+            "aborted": True,
+            "stopReason": "delete",
+            "error": "run aborted (stopReason delete)",
+        }
+    base["sessionId"] = str(run.session_generation)
+    started = ms(run.dispatched_at or run.started_at)
+    if started is not None:
+        base["startedAt"] = started
+    if not run.is_terminal:
+        phase = "queued" if run.state == RunState.QUEUED else "running"
+        return {**base, "status": "pending", "phase": phase, **({"timeoutPhase": "queue"} if phase == "queued" else {})}
+    end = outcome(run)
+    base["endedAt"] = ms(run.ended_at)
+    base.update(run_details(run))
+    # OpenClaw's record of what the run replied (the text so far, for one that did not complete)
+    base["terminalReply"] = {"disposition": "visible", "text": run.reply} if run.reply else {"disposition": "empty"}
+    if end.state == RunState.DONE:
+        return {**base, "status": "ok", "stopReason": end.stop_reason}
+    if end.state == RunState.KILLED:
+        message = f"run aborted (stopReason {end.stop_reason})"
+        return {**base, "status": "error", "aborted": True, "stopReason": end.stop_reason, "error": message}
+    status = "timeout" if end.state == RunState.TIMEOUT else "error"
+    result = {**base, "status": status, "error": end.error_text, "errorKind": end.error_kind}
+    if end.stop_reason is not None:
+        result["stopReason"] = end.stop_reason
+    return result
+
+
+def agent_identity(agent_id: str) -> dict[str, Any]:
+    """`agent.identity.get`: the agent's display name (its configured `name`, else its id)."""
+    name = catalog.config_of(agent_id).get("name")
+    if isinstance(name, str) and name.strip():
+        return {"agentId": agent_id, "name": name.strip(), "nameSource": "config"}
+    return {"agentId": agent_id, "name": agent_id, "nameSource": "default"}
+
+
+def _command(
+    name: str, description: str, category: str, arg: tuple[str, str, tuple[str, ...]] | None = None
+) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "name": name,
+        "textAliases": [f"/{name}"],
+        "description": description,
+        "category": category,
+        "source": "native",
+        "scope": "text",
+        "acceptsArgs": arg is not None,
+    }
+    if arg is not None:
+        arg_name, arg_description, choices = arg
+        entry["args"] = [
+            {
+                "name": arg_name,
+                "description": arg_description,
+                "type": "string",
+                "required": False,
+                **({"choices": [{"value": c, "label": c} for c in choices]} if choices else {}),
+            }
+        ]
+    return entry
+
+
+def commands(agent_id: str) -> list[dict[str, Any]]:
+    """The inline commands `chat.send` answers in the gateway (`commands.list`, `chat.metadata`)."""
+    models = tuple(catalog.models_of(catalog.config_of(agent_id)))
+    default = frames.DEFAULT_SETTING
+    return [
+        _command("status", "Show the session's status, model, settings and token counts", "status"),
+        _command(
+            "think",
+            "Show or set the thinking level",
+            "options",
+            ("level", "thinking level", (*frames.THINKING_LEVELS, default)),
+        ),
+        _command(
+            "verbose",
+            "Show or set the verbose level",
+            "options",
+            ("level", "verbose level", (*frames.VERBOSE_LEVELS, default)),
+        ),
+        _command(
+            "model",
+            "Show or set the session's model",
+            "options",
+            ("model", "one of the agent's models", (*models, default)),
+        ),
+        _command("new", "Start the session over (a new sessionId)", "session"),
+        _command("reset", "Start the session over (a new sessionId)", "session"),
+        _command("stop", "Stop the session's active and queued runs", "session"),
+    ]
+
+
+def gateway_status(
+    *, version: str, active: int, queued: int, total: int, recent: Sequence[dict[str, Any]], defaults: dict[str, Any]
+) -> dict[str, Any]:
+    """`status` (OpenClaw's gateway status, as its TUI's /gateway-status shows it), for the caller."""
+    return {
+        "ok": True,
+        "ts": now_ms(),
+        "runtimeVersion": version,
+        "activeRuns": active,
+        "queuedRuns": queued,
+        "linkChannel": {"label": "Link channel", "linked": False},
+        "channelSummary": [f"agentgate {version}: {active} active run(s), {queued} queued"],
+        "heartbeat": {"defaultAgentId": "main", "agents": []},
+        "queuedSystemEvents": [],
+        "sessions": {
+            "paths": [],
+            "count": total,
+            "defaults": defaults,
+            "recent": [
+                {
+                    "key": row["key"],
+                    "kind": row["kind"],
+                    "age": max(0, now_ms() - row["updatedAt"]) if row.get("updatedAt") else None,
+                    "model": row.get("model"),
+                    "totalTokens": row.get("totalTokens"),
+                    "contextTokens": row.get("contextTokens"),
+                    "flags": [],
+                }
+                for row in recent
+            ],
+        },
+    }
+
+
+def startup(history: dict[str, Any], defaults: dict[str, Any], resolution: dict[str, Any] | None) -> dict[str, Any]:
+    """`chat.startup`: a `chat.history` page with the row again as `sessionInfo`, the agent's
+    `defaults`, the row's levels, and how a link's shortId was resolved (when it was)."""
+    row = history["session"]
+    history.update(
+        sessionInfo=row,
+        defaults=defaults,
+        thinkingLevel=row.get("thinkingLevel") if row else None,
+        verboseLevel=row.get("verboseLevel") if row else None,
+    )
+    if resolution is not None:
+        history["resolution"] = resolution
+    return history
+
+
+def approval_replay(key: str) -> dict[str, Any]:
+    """`sessions.messages.subscribe`'s `approvalReplay`: none (tool approvals are `plugin.approval.*`)."""
+    return {"sessionKey": key, "updatedAtMs": now_ms(), "approvals": [], "truncated": False}
+
+
+def config_snapshot() -> dict[str, Any]:
+    """`config.get`: OpenClaw's config file snapshot, empty. This gateway is configured by its
+    environment, which no client reads or edits; `readOnly` says so."""
+    return {
+        "path": None,
+        "exists": False,
+        "valid": True,
+        "readOnly": True,
+        "raw": None,
+        "hash": None,
+        "config": {},
+        "runtimeConfig": {},
+        "issues": [],
+        "warnings": [],
+    }

@@ -15,6 +15,10 @@ reads: its row locks serialise only what touches the same session.
 
 Each call is a plain function run on a thread (no asgiref context hop); the thread's
 connection is kept (SQLite) or handed back to the pool (PostgreSQL) after each call.
+
+Every call reports to `availability.database`: an error that means the server is gone
+becomes `DatabaseUnavailable` (and the pool forgets its dead connections); while the
+database is known to be away, calls are refused at once, but for one trial at a time.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from typing import Any, TypeVar
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection, transaction
+
+from chat.runtime import availability
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -179,9 +185,9 @@ def _executors() -> tuple[ThreadPoolExecutor, Writer | None]:
     return _readers, _writer
 
 
-def _run(fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
+def _run(fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any], candidate: bool) -> T:
     try:
-        return fn(*args, **kwargs)
+        return availability.guarded(fn, args, kwargs, candidate)
     finally:
         # Hands a PostgreSQL connection back to the pool; keeps a healthy SQLite one.
         close_old_connections()
@@ -194,14 +200,25 @@ def _bound(fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) 
 
 
 async def db_read(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run a read (`sessions_app.gateway_reads`) on a database thread."""
+    """Run a read (`sessions_app.gateway_reads`) on a database thread.
+
+    Raises `DatabaseUnavailable` when the database is away (at once while that is known).
+    """
     readers, _writer = _executors()
-    return await asyncio.get_running_loop().run_in_executor(readers, _bound(_run, (fn, args, kwargs), {}))
+    candidate = availability.database.admit()
+    return await asyncio.get_running_loop().run_in_executor(readers, _bound(_run, (fn, args, kwargs, candidate), {}))
 
 
 async def db_write(fn: Callable[..., T], *args: Any, urgent: bool = False, **kwargs: Any) -> T:
-    """Run a write (a lifecycle service, or another write) on the writer; `urgent` ones go first."""
+    """Run a write (a lifecycle service, or another write) on the writer; `urgent` ones go first.
+
+    Raises `DatabaseUnavailable` as `db_read` does: the write was then not made, or (when the
+    connection broke during its commit) its fate is unknown, as after any lost connection.
+    """
     readers, writer = _executors()
+    candidate = availability.database.admit()
     if writer is None:
-        return await asyncio.get_running_loop().run_in_executor(readers, _bound(_run, (fn, args, kwargs), {}))
-    return await asyncio.wrap_future(writer.submit(_bound(fn, args, kwargs), urgent=urgent))
+        call = _bound(_run, (fn, args, kwargs, candidate), {})
+        return await asyncio.get_running_loop().run_in_executor(readers, call)
+    guarded = _bound(availability.guarded, (fn, args, kwargs, candidate), {})
+    return await asyncio.wrap_future(writer.submit(guarded, urgent=urgent))

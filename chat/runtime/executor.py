@@ -3,6 +3,12 @@
 A client disconnect never kills a run. An abort reaches the task by cancellation
 (locally, or routed here through the channel layer); every delta is stored before
 it is broadcast, so nothing of a run is sent after its terminal event.
+
+While the database is away a run goes on reading its model's stream: its text is held back
+(never sent unstored) and goes out with the first write that succeeds; its end is written
+once the database is back. A run that has been unable to write for
+GATEWAY_RUN_DB_WAIT_SECONDS stops and ends `failed` (errorKind `unavailable`), with the text
+it had, when the database is back (docs/deployment.md, "When PostgreSQL or Redis goes away").
 """
 
 from __future__ import annotations
@@ -13,13 +19,15 @@ import contextvars
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from django.conf import settings
 
 from chat.delivery.broadcaster import broadcaster, chat_message
 from chat.protocol import wire
+from chat.runtime.availability import Unavailable
 from chat.runtime.backends import BackendError, BackendTimeout, DispatchError, RunContext, capped, get_backend
 from chat.runtime.db import db_read, db_write
 from chat.runtime.tools.host import ToolHost, config_error, tool_config
@@ -31,6 +39,51 @@ from sessions_app.lifecycle import runs
 from sessions_app.models import Run, RunState
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+_SERVICE_NAMES = {"database": "database", "channel_layer": "channel layer"}
+RETRY_SECONDS = 0.5  # between a run's attempts to write while the database is away
+FINISH_RETRY_MAX_SECONDS = 2.0
+
+
+class DatabaseWaitOver(Exception):
+    """The run has been unable to write for GATEWAY_RUN_DB_WAIT_SECONDS: it stops and fails."""
+
+
+class DatabaseWait:
+    """How long one run has been unable to write; past GATEWAY_RUN_DB_WAIT_SECONDS it may wait no more."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+
+    def failed(self) -> None:
+        """A write (or read) of the run found the database away; raises `DatabaseWaitOver` past the limit."""
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+        elif now - self.since >= settings.GATEWAY_RUN_DB_WAIT_SECONDS:
+            raise DatabaseWaitOver()
+
+    def cleared(self) -> None:
+        self.since = None
+
+
+@dataclass
+class Progress:
+    """A run's reply so far, and how much of it is stored."""
+
+    text: str = ""
+    stored: str = ""
+
+    def unstored(self) -> str | None:
+        """The whole reply, when part of it is not stored yet (for the run's ending to store)."""
+        return self.text if self.text != self.stored else None
+
+
+def stalled_message() -> str:
+    return (
+        f"the database was unavailable for more than {settings.GATEWAY_RUN_DB_WAIT_SECONDS:g} s "
+        "(GATEWAY_RUN_DB_WAIT_SECONDS); the run was stopped"
+    )
 
 
 class RunExecutor:
@@ -39,6 +92,7 @@ class RunExecutor:
     def __init__(self) -> None:
         # who owns the queued successor a run's end starts: this process, or '' while it drains
         self.successor_owner = ""
+        self.server_id = ""  # this process (its runs' owner_process)
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.cancel_started: dict[int, float] = {}
         self.finishing: set[int] = set()
@@ -47,7 +101,7 @@ class RunExecutor:
         self.bookkeeping: set[asyncio.Future[None]] = set()
 
     def reset(self, server_id: str) -> None:
-        self.successor_owner = server_id
+        self.successor_owner = self.server_id = server_id
         self.tasks.clear()
         self.cancel_started.clear()
         self.finishing.clear()
@@ -105,23 +159,35 @@ class RunExecutor:
             self._store_cancel_ms(run_pk, int((time.monotonic() - started) * 1000))
 
     def _store_cancel_ms(self, run_pk: int, elapsed_ms: int) -> None:
-        task = asyncio.ensure_future(db_write(runs.record_cancel_ms, run_pk, elapsed_ms))
+        task = asyncio.ensure_future(_unless_unavailable(db_write(runs.record_cancel_ms, run_pk, elapsed_ms)))
         self.bookkeeping.add(task)
         task.add_done_callback(self.bookkeeping.discard)
 
     # --- waiting (chat.send waitMs, a tool call awaiting its approval) ----------------------------
 
     async def wait_terminal(self, run_pk: int, timeout: float) -> Run | None:
-        """Wait until the run is terminal or `timeout` passes; return the run as stored."""
+        """Wait until the run is terminal or `timeout` passes; return the run as stored.
+
+        Once the run has been read, a database outage does not end the wait: the answer is
+        then the run as last read. `Unavailable` only if it could not be read at all.
+        """
         deadline = time.monotonic() + timeout
+        last: Run | None = None
+        read = False
         with self._waiter(run_pk) as event:
             while True:
-                run = await db_read(gateway_reads.get_run, run_pk)
-                if run is None or run.is_terminal:
-                    return run
+                try:
+                    run = await db_read(gateway_reads.get_run, run_pk)
+                except Unavailable:
+                    if not read:
+                        raise
+                else:
+                    read, last = True, run
+                    if run is None or run.is_terminal:
+                        return run
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    return run
+                    return last
                 event.clear()
                 # The local notification is fast; the poll covers runs on other processes.
                 with contextlib.suppress(TimeoutError):
@@ -149,24 +215,28 @@ class RunExecutor:
     # --- execution ------------------------------------------------------------------------------
 
     async def _execute(self, run_pk: int, committed: Run | None = None) -> None:
+        wait = DatabaseWait()
         try:
             logs.run_id.set(str(run_pk))
             # Handed over by its own dispatch: as committed (an abort since then is caught by
             # `mark_running`, before the backend streams). Otherwise (a claim, a lost hand-off) read.
             run = committed
             if run is None:
-                run = await db_read(gateway_reads.get_run, run_pk)
+                run = await _patiently(wait, db_read, gateway_reads.get_run, run_pk)
             if run is None or run.state != RunState.DISPATCHING:
                 return
             logs.run_id.set(run.run_id)
             backend = get_backend(run.session.agent_id)
             window = backend.context_messages if backend is not None else 0
-            transcript = await db_read(_transcript, run, window) if window else []
+            transcript = await _patiently(wait, db_read, _transcript, run, window) if window else []
             ctx = _context_for(run, transcript)
             if config_error(ctx.agent) is None:  # a bad one failed the send before its ack
                 ctx.tools = ToolHost(run, run.session.agent_id, tool_config(ctx.agent), self.wait_change)
         except asyncio.CancelledError:
             raise
+        except DatabaseWaitOver:
+            await self.finish(run_pk, RunState.FAILED, error_kind="unavailable", error_message=stalled_message())
+            return
         except Exception:
             # Not even loaded: end it rather than leave the row `running` (§8).
             log.exception("run %s could not be prepared", run_pk)
@@ -174,16 +244,24 @@ class RunExecutor:
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + run.timeout_ms / 1000
+        progress = Progress()
         try:
             async with asyncio.timeout_at(deadline):
                 if backend is None:
                     raise DispatchError(f"agent {run.session.agent_id!r} has no usable backend")
                 stream = capped(await backend.start(ctx), ctx)  # no event may outgrow maxPayload
-                if not await db_write(runs.mark_running, run_pk):
+                try:
+                    running = await _patiently(wait, db_write, runs.mark_running, run_pk)
+                except BaseException:
+                    await _aclose(stream)
+                    raise
+                if not running and not await self._already_running(run_pk, wait):
                     await _aclose(stream)
                     return  # an abort owns the run: the backend never streams
-                text = await self._pump(run, stream)
-            await self.finish(run_pk, RunState.DONE, reply=text, stop_reason=ctx.stop_reason, usage=ctx.usage)
+                text = await self._pump(run, stream, wait, progress)
+            await self.finish(
+                run_pk, RunState.DONE, reply=text, stop_reason=ctx.stop_reason, usage=ctx.usage, wait=wait
+            )
         except DispatchError as exc:
             await self.finish(
                 run_pk,
@@ -192,8 +270,17 @@ class RunExecutor:
                 error_message=str(exc) or "dispatch failed",
                 reason="chat.dispatch-error",
             )
-        # Partial text needs no passing on: every delta was stored before it was sent,
-        # and an ending without `reply` keeps what is stored.
+        except DatabaseWaitOver:
+            await self.finish(
+                run_pk,
+                RunState.FAILED,
+                error_kind="unavailable",
+                error_message=stalled_message(),
+                reply=progress.unstored(),
+            )
+        # Partial text needs no passing on when it is stored: every delta was stored before it
+        # was sent, and an ending without `reply` keeps what is stored. Text held back (the
+        # interval, or the database away) is stored with the ending.
         except TimeoutError:
             # The backend's work was cancelled at the deadline and its stream closed on the
             # way out: how long that took is the run's cancellation time.
@@ -205,6 +292,7 @@ class RunExecutor:
                 stop_reason="timeout",
                 error_message=f"run exceeded its budget of {run.timeout_ms} ms (timeoutMs)",
                 cancel_ms=ctx.cancel_ms if ctx.cancel_ms is not None else measured,
+                reply=progress.unstored(),
             )
         except BackendTimeout as exc:
             await self.finish(
@@ -214,21 +302,44 @@ class RunExecutor:
                 stop_reason="timeout",
                 error_message=exc.message,
                 cancel_ms=ctx.cancel_ms,
+                reply=progress.unstored(),
             )
         except BackendError as exc:
-            await self.finish(run_pk, RunState.FAILED, error_kind=exc.kind, error_message=exc.message)
+            await self.finish(
+                run_pk, RunState.FAILED, error_kind=exc.kind, error_message=exc.message, reply=progress.unstored()
+            )
         except asyncio.CancelledError:
             raise  # the run was ended elsewhere; that transition already broadcast
+        except Unavailable as exc:
+            # A step that cannot wait for a service (a tool call's write, a layer send): the run
+            # fails, written once the database is back.
+            await self.finish(
+                run_pk,
+                RunState.FAILED,
+                error_kind="unavailable",
+                error_message=f"the {_SERVICE_NAMES.get(exc.dependency, exc.dependency)} was unavailable mid-run",
+                reply=progress.unstored(),
+            )
         except Exception:
             log.exception("run %s crashed", run_pk)
-            await self.finish(run_pk, RunState.FAILED, error_kind="unknown", error_message="internal error")
+            await self.finish(
+                run_pk, RunState.FAILED, error_kind="unknown", error_message="internal error", reply=progress.unstored()
+            )
 
-    async def _pump(self, run: Run, stream: AsyncIterator[str]) -> str:
+    async def _already_running(self, run_pk: int, wait: DatabaseWait) -> bool:
+        """`mark_running` said no: was it our own earlier try, committed before its connection
+        broke (the retry then finds the run `running`)? Then the run carries on."""
+        run = await _patiently(wait, db_read, gateway_reads.get_run, run_pk)
+        return run is not None and run.state == RunState.RUNNING and run.owner_process == self.server_id
+
+    async def _pump(self, run: Run, stream: AsyncIterator[str], wait: DatabaseWait, progress: Progress) -> str:
         """Stream chunks to clients, coalesced to one delta per interval, each stored first.
 
         The interval counts from the start of the stream, and text held back by it goes out
         when the interval ends, whether or not more arrives: a reply that comes whole within
         one interval is one delta, and a model that pauses mid-reply still shows what it said.
+        While the database is away the stream is still read and the text held back; it is
+        tried again every RETRY_SECONDS, and all of it is stored before the stream's end counts.
         """
         interval = settings.GATEWAY_DELTA_INTERVAL_MS / 1000
         text = sent = ""
@@ -243,9 +354,10 @@ class RunExecutor:
                     # Held-back text: wait for more only until the interval ends.
                     done, _ = await asyncio.wait({pending}, timeout=max(0.0, last + interval - time.monotonic()))
                     if not done:
-                        if not await self._flush(run, text, sent):
-                            raise asyncio.CancelledError()  # ended elsewhere while streaming
-                        sent, last = text, time.monotonic()
+                        if await self._flush(run, text, sent, wait, progress):
+                            sent, last = text, time.monotonic()
+                        else:
+                            last = time.monotonic() + RETRY_SECONDS - interval
                         continue
                 try:
                     chunk = await pending
@@ -256,17 +368,23 @@ class RunExecutor:
                 if chunk and not text:
                     metrics.first_token(run.session.agent_id, run.dispatched_at)
                 text += chunk
+                progress.text = text
                 now = time.monotonic()
                 if now - last >= interval:
-                    if not await self._flush(run, text, sent):
-                        raise asyncio.CancelledError()  # ended elsewhere while streaming
-                    sent, last = text, now
-            if text != sent:
-                await self._flush(run, text, sent)
+                    if await self._flush(run, text, sent, wait, progress):
+                        sent, last = text, now
+                    else:
+                        last = now + RETRY_SECONDS - interval
+            while text != sent:  # the reply's end: stored and sent before the run may end
+                if await self._flush(run, text, sent, wait, progress):
+                    sent = text
+                else:
+                    await asyncio.sleep(RETRY_SECONDS)
             return text
         except BackendError:
             if text != sent:
-                await self._flush(run, text, sent)
+                with contextlib.suppress(DatabaseWaitOver):  # else the ending stores it
+                    await self._flush(run, text, sent, wait, progress)
             raise
         finally:
             if pending is not None:
@@ -278,10 +396,21 @@ class RunExecutor:
                     pending.exception()  # retrieved: a stream that ended while the run was ending is no error
             await _aclose(stream)
 
-    async def _flush(self, run: Run, text: str, sent: str) -> bool:
-        seq = await db_write(runs.record_delta, run.pk, text)
+    async def _flush(self, run: Run, text: str, sent: str, wait: DatabaseWait, progress: Progress) -> bool:
+        """Store the text, then send what of it is new: True; False when the database is away (held back).
+
+        Raises CancelledError when the run ended elsewhere (no delta may follow its terminal
+        event), and `DatabaseWaitOver` once the run may wait no longer.
+        """
+        try:
+            seq = await db_write(runs.record_delta, run.pk, text)
+        except Unavailable:
+            wait.failed()
+            return False
+        wait.cleared()
         if seq is None:
-            return False  # the run ended: no delta may follow its terminal event
+            raise asyncio.CancelledError()  # ended elsewhere while streaming
+        progress.stored = text
         payload = wire.delta_payload(
             run.run_id, run.session.key, str(run.session_generation), seq, text[len(sent) :], text, wire.now_ms()
         )
@@ -289,16 +418,24 @@ class RunExecutor:
         broadcaster.send(owner, chat_message(owner, run.pk, payload))
         return True
 
-    async def finish(self, run_pk: int, state: str, **kwargs: Any) -> None:
+    async def finish(self, run_pk: int, state: str, *, wait: DatabaseWait | None = None, **kwargs: Any) -> None:
         """End the run from its own task: retried on database errors, never cut short.
+
+        While the database is away the ending is tried again (every RETRY_SECONDS, backing off to
+        FINISH_RETRY_MAX_SECONDS) until it is back: a run's end is never made up or dropped. A
+        `done` that could not be written within the run's `wait` becomes `failed` (unavailable):
+        a run whose writes failed is not reported done. Other errors: five tries, then the
+        reconcile loop and the recovery sweep end it.
 
         While it runs the task is `finishing`: the run's own end (and the reconcile
         loop) must not cancel it halfway through its on-commit callbacks and the
         hand-off to the next queued run (which this process then owns).
         """
         self.finishing.add(run_pk)
+        attempt = 0
+        delay = RETRY_SECONDS
         try:
-            for attempt in range(5):
+            while True:
                 try:
                     await asyncio.shield(
                         db_write(runs.finish_run, run_pk, state, owner_process=self.successor_owner, **kwargs)
@@ -306,12 +443,46 @@ class RunExecutor:
                     return
                 except asyncio.CancelledError:
                     raise
+                except Unavailable:
+                    if wait is not None and state == RunState.DONE:
+                        try:
+                            wait.failed()
+                        except DatabaseWaitOver:
+                            state, wait = RunState.FAILED, None
+                            kwargs = {
+                                "reply": kwargs.get("reply"),
+                                "error_kind": "unavailable",
+                                "error_message": stalled_message(),
+                            }
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, FINISH_RETRY_MAX_SECONDS)
                 except Exception:
-                    log.exception("ending run %s failed (attempt %d)", run_pk, attempt + 1)
-                    await asyncio.sleep(0.2 * 2**attempt)
-            # Still failing: the reconcile loop and the recovery sweep will end it.
+                    attempt += 1
+                    log.exception("ending run %s failed (attempt %d)", run_pk, attempt)
+                    if attempt >= 5:
+                        return  # still failing: the reconcile loop and the recovery sweep will end it
+                    await asyncio.sleep(0.2 * 2 ** (attempt - 1))
         finally:
             self.finishing.discard(run_pk)
+
+
+async def _patiently(wait: DatabaseWait, call: Callable[..., Awaitable[T]], fn: Callable[..., Any], *args: Any) -> T:
+    """A database call of a run, tried again while the database is away, for as long as the run may wait."""
+    while True:
+        try:
+            result = await call(fn, *args)
+        except Unavailable:
+            wait.failed()
+            await asyncio.sleep(RETRY_SECONDS)
+            continue
+        wait.cleared()
+        return result
+
+
+async def _unless_unavailable(write: Awaitable[Any]) -> None:
+    """A measurement that is not worth waiting for: lost when the database is away."""
+    with contextlib.suppress(Unavailable):
+        await write
 
 
 async def _aclose(stream: Any) -> None:
@@ -363,4 +534,6 @@ def _context_for(run: Run, transcript: list[dict[str, Any]]) -> RunContext:
         attachments=list(run.attachments or []),
         transcript=transcript,
         timeout_ms=run.timeout_ms,
+        model=run.session.model_override,
+        thinking_level=run.session.thinking_level,
     )

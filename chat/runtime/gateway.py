@@ -16,8 +16,10 @@ from channels.layers import get_channel_layer
 from chat.delivery import groups
 from chat.delivery.broadcaster import broadcaster
 from chat.delivery.hub import Hub
+from chat.delivery.layers import layer_unreachable
 from chat.delivery.messages import ProcessMessage
-from chat.runtime import health
+from chat.runtime import availability, health
+from chat.runtime.availability import ChannelLayerUnavailable
 from chat.runtime.db import db_write
 from chat.runtime.executor import RunExecutor
 from chat.runtime.registry import connections
@@ -41,6 +43,7 @@ class GatewayRuntime:
         self.supervisor = Supervisor(self)
         self.hub = Hub()
         self._started: asyncio.Task[None] | None = None  # the start, done once it has finished
+        self.start_error = ""  # why the last start failed ('' once one succeeded, or none was tried)
 
     @property
     def running(self) -> bool:
@@ -70,10 +73,16 @@ class GatewayRuntime:
         started.add_done_callback(lambda task: task.cancelled() or task.exception())  # retrieved
         await asyncio.shield(started)
 
+    def started(self) -> bool:
+        """Running and done starting (for /readyz)."""
+        return self.running and self._started is not None and self._started.done()
+
     async def _start_or_reset(self) -> None:
         try:
             await self._start()
-        except BaseException:
+            self.start_error = ""
+        except BaseException as exc:
+            self.start_error = availability.describe(exc) if isinstance(exc, Exception) else "cancelled"
             # Not started: the next connection tries again (a database that was down at boot).
             self.loop, self._started = None, None
             with contextlib.suppress(Exception):
@@ -91,7 +100,13 @@ class GatewayRuntime:
         broadcaster.start()
         await db_write(process.register, self.server_id)
         if get_channel_layer() is not None:
-            await self.hub.start(groups.process_group(self.server_id), on_control=self._control)
+            try:
+                await self.hub.start(groups.process_group(self.server_id), on_control=self._control)
+            except Exception as exc:
+                if not layer_unreachable(exc):
+                    raise
+                availability.channel_layer.failed(exc)  # logged once; `serve` tries again
+                raise ChannelLayerUnavailable(availability.describe(exc)) from exc
         self.supervisor.start()
         log.info("gateway runtime %s started", self.server_id)
 

@@ -4,8 +4,14 @@
   (the recovery sweep), claim runs that nobody executes;
 - reconcile: make this process's tasks and the database agree, both ways;
 - repair (§9): one database pass for all connections of the process;
-- regroup: re-add the process's channel to its layer groups, because Redis forgets them
-  (after `group_expiry`, and on a restart without persistence).
+- layer: every LAYER_CHECK_SECONDS ask the layer whether it still holds the process's own
+  group (a Redis restarted without persistence forgets every group) and re-add them all at
+  once if not; and every GATEWAY_GROUP_REFRESH_SECONDS anyway (`group_expiry`).
+
+When the database or the channel layer is away (`chat.runtime.availability`, which logs the
+outage once) every loop goes on trying, without a traceback per pass; `/readyz` says why the
+process is unready. A process does not count against a peer the time it could not reach the
+database itself (`blind`, `process.live_process_ids`): it could not have seen a heartbeat then.
 
 (What the channel layer routes to the process, events and aborts, arrives through `chat.delivery.hub`.)
 """
@@ -16,13 +22,18 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
+from datetime import datetime, timedelta
 from typing import Protocol
 
 from django.conf import settings
+from django.utils import timezone
 
 from chat.delivery import repair
 from chat.delivery.hub import Hub
-from chat.runtime import health
+from chat.delivery.layers import layer_unreachable
+from chat.runtime import availability, health
+from chat.runtime.availability import Unavailable
 from chat.runtime.db import db_read, db_write
 from chat.runtime.executor import RunExecutor
 from chat.runtime.registry import ConnectionRegistry
@@ -34,6 +45,9 @@ from sessions_app.operations import recovery
 
 log = logging.getLogger(__name__)
 SHUTDOWN_MESSAGE = "gateway process shut down before the run finished"
+LAYER_CHECK_SECONDS = 1.0  # how soon a restarted Redis gets the process's groups back
+LAYER_CHECK_TIMEOUT_SECONDS = 5.0
+OUTAGE_RETRY_SECONDS = 1.0  # a loop's pace while the database is away (never slower than its own)
 
 
 class Supervised(Protocol):
@@ -56,12 +70,17 @@ class Supervisor:
         self.runtime = runtime
         self.tasks: list[asyncio.Task[None]] = []
         self.scanner = repair.Scanner()
+        # When this process could not write its heartbeat (the database away, or a stall of its own).
+        self.blind: deque[tuple[datetime, datetime]] = deque()
 
     def start(self) -> None:
         self.scanner = repair.Scanner()
+        self.blind = deque()
+        availability.database.reset()
+        availability.channel_layer.reset()
         self.tasks = [
             asyncio.ensure_future(loop())
-            for loop in (self._heartbeat_loop, self._reconcile_loop, self._repair_loop, self._regroup_loop)
+            for loop in (self._heartbeat_loop, self._reconcile_loop, self._repair_loop, self._layer_loop)
         ]
 
     async def stop(self) -> None:
@@ -78,18 +97,42 @@ class Supervisor:
 
     # --- loops ------------------------------------------------------------------------------------
 
+    def beat_after(self, gap: float) -> None:
+        """A heartbeat went through `gap` seconds after the one before: remember any blind time.
+
+        Beyond the usual interval the process could not reach the database (or could not run):
+        neither could it have seen its peers' heartbeats then. Spans older than the recovery
+        window can no longer save anyone and are forgotten.
+        """
+        interval = settings.GATEWAY_HEARTBEAT_SECONDS
+        now = timezone.now()
+        if gap > 1.5 * interval:  # (late by less is jitter)
+            self.blind.append((now - timedelta(seconds=gap - interval), now))
+        horizon = now - timedelta(seconds=settings.GATEWAY_RECOVERY_SECONDS + 3 * interval)
+        while self.blind and self.blind[0][1] < horizon:
+            self.blind.popleft()
+
     async def _heartbeat_loop(self) -> None:
         rt = self.runtime
+        interval = settings.GATEWAY_HEARTBEAT_SECONDS
+        beat_at = time.monotonic()
         while not rt.stopping:
-            await asyncio.sleep(settings.GATEWAY_HEARTBEAT_SECONDS)
+            ok = health.snapshot().get("sweep")
+            await asyncio.sleep(interval if ok is None or ok.ok else min(interval, OUTAGE_RETRY_SECONDS))
             try:
                 await db_write(process.heartbeat, rt.server_id)
-                swept = await db_write(recovery.sweep, rt.server_id)
+                now = time.monotonic()
+                self.beat_after(now - beat_at)
+                beat_at = now
+                swept = await db_write(recovery.sweep, rt.server_id, list(self.blind))
                 for pk in await db_read(process.unowned_active_runs):
                     if rt.accepting and await db_write(runs.claim_run, pk, server_id=rt.server_id):
                         rt.executor.submit(pk)
                 metrics.sweep_done(swept.ended, swept.forgotten)
                 health.ok("sweep")
+            except Unavailable as exc:  # logged once by `availability`; tried again next pass
+                metrics.SWEEPS.labels("error").inc()
+                health.failed("sweep", exc)
             except Exception as exc:
                 metrics.SWEEPS.labels("error").inc()
                 health.failed("sweep", exc)
@@ -123,6 +166,8 @@ class Supervisor:
                             error_message="the run lost its worker in this gateway process",
                         )
                 health.ok("reconcile")
+            except Unavailable as exc:
+                health.failed("reconcile", exc)
             except Exception as exc:
                 health.failed("reconcile", exc)
                 log.exception("reconcile failed")
@@ -136,25 +181,40 @@ class Supervisor:
                 await self.repair_now()
                 metrics.REPAIR_PASSES.labels("ok").inc()
                 health.ok("repair")
+            except Unavailable as exc:
+                metrics.REPAIR_PASSES.labels("error").inc()
+                health.failed("repair", exc)
             except Exception as exc:
                 metrics.REPAIR_PASSES.labels("error").inc()
                 health.failed("repair", exc)
                 log.exception("repair pass failed")
 
-    async def _regroup_loop(self) -> None:
-        """Group memberships live in the layer, which may lose them; idempotent re-adds restore them."""
+    async def _layer_loop(self) -> None:
+        """Group memberships live in the layer, which may lose them; idempotent re-adds restore them.
+
+        The check each second is one command without retries: it also tells
+        `availability.channel_layer` at once when Redis goes away and when it is back.
+        """
         rt = self.runtime
-        if settings.GATEWAY_GROUP_REFRESH_SECONDS <= 0:
-            return
+        refresh = settings.GATEWAY_GROUP_REFRESH_SECONDS
+        refreshed_at = time.monotonic()
         while not rt.stopping:
-            await asyncio.sleep(settings.GATEWAY_GROUP_REFRESH_SECONDS)
+            await asyncio.sleep(LAYER_CHECK_SECONDS)
             try:
-                await rt.hub.regroup()
+                if refresh > 0 and time.monotonic() - refreshed_at >= refresh:
+                    refreshed_at = time.monotonic()
+                    await asyncio.wait_for(rt.hub.regroup(), LAYER_CHECK_TIMEOUT_SECONDS)
+                else:
+                    await asyncio.wait_for(rt.hub.watch(), LAYER_CHECK_TIMEOUT_SECONDS)
                 health.ok("regroup")
             except Exception as exc:
                 health.failed("regroup", exc)
                 metrics.channel_layer_failed("regroup")
-                log.warning("re-adding layer groups failed; trying again next pass", exc_info=True)
+                rt.hub.stale = True  # whatever it missed is re-added once the layer answers
+                if layer_unreachable(exc):  # an outage: logged once by `availability`
+                    availability.channel_layer.failed(exc)
+                else:  # a bug or a bad reply, not the layer gone: worth its traceback
+                    log.exception("layer check failed; trying again in %.0f s", LAYER_CHECK_SECONDS)
 
     # --- shutdown -------------------------------------------------------------------------------
 
@@ -168,8 +228,13 @@ class Supervisor:
         deadline = time.monotonic() + drain_seconds
         while rt.executor.tasks and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
-        await db_write(runs.interrupt_runs_of_process, rt.server_id, actor=Actor.SYSTEM, message=SHUTDOWN_MESSAGE)
-        await db_write(process.mark_stopped, rt.server_id)
+        try:
+            await db_write(runs.interrupt_runs_of_process, rt.server_id, actor=Actor.SYSTEM, message=SHUTDOWN_MESSAGE)
+            await db_write(process.mark_stopped, rt.server_id)
+        except Unavailable:
+            # Stopping while the database is away: the other processes' sweeps end these runs once
+            # this process's heartbeat is stale (not counting the time they could not reach the database).
+            log.warning("draining: the database is unavailable; the runs left are ended by the recovery sweep")
         # Deliver the interruptions from the database before closing: the layer messages
         # carrying them may still be queued behind this drain.
         with contextlib.suppress(Exception):

@@ -105,6 +105,22 @@ EVENT_DELIVERY_LAG = Histogram(
     "layer): seconds of lag here mean live streaming is that late (terminals still come through repair).",
     buckets=(*LATENCY_BUCKETS, 30.0, 60.0),
 )
+DEPENDENCY_OUTAGES = Counter(
+    "agentgate_dependency_outages",
+    "Outages of a service this process needs (database, channel_layer), counted when first seen.",
+    ["dependency"],
+)
+DEPENDENCY_OUTAGE_SECONDS = Histogram(
+    "agentgate_dependency_outage_seconds",
+    "How long each outage lasted, from the first failed call to the first successful one.",
+    ["dependency"],
+    buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 3600),
+)
+UNAVAILABLE_ANSWERS = Counter(
+    "agentgate_unavailable_answers",
+    "Requests (and handshakes) answered UNAVAILABLE because a service they needed was away, by dependency.",
+    ["dependency"],
+)
 BACKGROUND_RESTARTS = Counter(
     "agentgate_background_loop_restarts", "Background loops restarted after a failure, by loop.", ["loop"]
 )

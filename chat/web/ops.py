@@ -6,7 +6,8 @@
            (heartbeat + sweep, reconcile, repair, cross-process listener) are healthy, and the
            process is not draining; 503 otherwise, so a load balancer stops sending it new
            connections. Every check has its own deadline, so the answer comes within ~2.5 s
-           even when a dependency hangs.
+           even when a dependency hangs; one this process knows to be away
+           (`chat.runtime.availability`) fails at once.
 /metrics   Prometheus text format (chat.web.metrics, state_gauges, run_metrics; chat.methods.timing)
 
 /readyz and /metrics answer only an allowed caller (`operator_allowed`): the bearer token
@@ -34,7 +35,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from chat.runtime import health
+from chat.runtime import availability, health
 from chat.runtime.gateway import runtime
 from chat.web.metrics import channel_layer_failed
 
@@ -93,17 +94,24 @@ def healthz(request: HttpRequest) -> JsonResponse:
 _probe_pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="agentgate-readyz")
 
 
-def _check_database_sync() -> None:
+def _select_one() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        cursor.fetchone()
+
+
+def _check_database_sync(candidate: bool) -> None:
     try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-            cursor.fetchone()
+        availability.guarded(_select_one, (), {}, candidate)
     finally:
         connection.close()  # back to the pool
 
 
 async def _check_database() -> None:
-    await asyncio.wrap_future(_probe_pool.submit(_check_database_sync))
+    # While the database is known to be away this fails at once, or (on its thread) is the
+    # outage's trial; a check cancelled by its deadline before it ran holds nothing.
+    candidate = availability.database.admit()
+    await asyncio.wrap_future(_probe_pool.submit(_check_database_sync, candidate))
 
 
 async def _check_channel_layer() -> None:
@@ -169,13 +177,16 @@ async def readyz(request: HttpRequest) -> JsonResponse:
         channel_layer_failed("readyz")
     draining = not runtime.accepting
     loop_problems = health.problems(_loop_limits()) if runtime.running else {}
+    # A start that failed (or is under way) is unready, though the services may answer now.
+    starting = runtime.start_error or ("starting" if runtime.running and not runtime.started() else "")
     checks = {
         "database": {"ok": db_ok, "detail": db_msg, "ms": round(db_s * 1000, 1)},
         "channelLayer": {"ok": layer_ok, "detail": layer_msg, "ms": round(layer_s * 1000, 1)},
         "backgroundLoops": {"ok": not loop_problems, "detail": loop_problems or "ok"},
         "accepting": {"ok": not draining, "detail": "draining for shutdown" if draining else "ok"},
+        "runtime": {"ok": not starting, "detail": f"not started: {starting}" if starting else "ok"},
     }
-    ok = db_ok and layer_ok and not loop_problems and not draining
+    ok = db_ok and layer_ok and not loop_problems and not draining and not starting
     return JsonResponse({"ok": ok, "checks": checks}, status=200 if ok else 503)
 
 

@@ -3,7 +3,8 @@
 Active, queued and stuck runs, the oldest active run, live processes, open tool calls by state
 and pending approvals: a few indexed queries after a probe with a short connect timeout, so
 every process reports the same cluster-wide values (take `max`, not `sum`) and a scrape answers
-in seconds even when the database is down. Also this process's database and channel-layer pools.
+in seconds even when the database is down. Also this process's database and channel-layer pools,
+and whether it can reach the database and the layer (`chat.runtime.availability`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from chat.runtime import health
+from chat.runtime import availability, health
 from chat.runtime.registry import connections as gateway_connections
 from sessions_app import gateway_reads, operator_reads
 from sessions_app.operations.dbcheck import probe_database
@@ -135,13 +136,19 @@ class GatewayStateCollector(Collector):
         for name, state in sorted(health.snapshot().items()):
             loops.add_metric([name], 1.0 if state.ok else 0.0)
         yield loops
+        yield from _dependency_gauges()
         yield from _pool_gauges()
         yield from _layer_pool_gauges()
         error = GaugeMetricFamily(
             "agentgate_scrape_database_error", "1 if the database gauges could not be read (database unreachable)."
         )
+        if not availability.database.available:
+            # Known to be away: say so without another probe (the outage is logged once, there).
+            error.add_metric([], 1)
+            yield error
+            return
         try:
-            # A short-timeout probe first: the pool would wait 30 s for a dead database.
+            # A short-timeout probe first: the pool would make a scrape wait for a dead database.
             probe_database()
             values = _database_gauges()
             tool_gauges = _tool_gauges()
@@ -157,6 +164,24 @@ class GatewayStateCollector(Collector):
             gauge.add_metric([], float(value))
             yield gauge
         yield from tool_gauges
+
+
+def _dependency_gauges() -> Iterator[GaugeMetricFamily]:
+    up = GaugeMetricFamily(
+        "agentgate_dependency_available",
+        "1 while this process can reach the service (database, channel_layer), 0 during an outage.",
+        labels=["dependency"],
+    )
+    lasting = GaugeMetricFamily(
+        "agentgate_dependency_outage_age_seconds",
+        "How long the current outage of the service has lasted (0 when it is available).",
+        labels=["dependency"],
+    )
+    for dependency in (availability.database, availability.channel_layer):
+        up.add_metric([dependency.name], 1.0 if dependency.available else 0.0)
+        lasting.add_metric([dependency.name], round(dependency.outage_seconds(), 3))
+    yield up
+    yield lasting
 
 
 STATE_COLLECTOR = GatewayStateCollector()

@@ -18,7 +18,7 @@ from django.utils import timezone
 from chat.delivery import agent_events
 from chat.delivery.messages import SessionMessage, ToolMessage
 from chat.protocol import wire
-from chat.protocol.frames import CAP_TOOL_EVENTS, Scope
+from chat.protocol.frames import CAP_TOOL_EVENTS, Scope, encode
 
 MAX_TRACKED_RUNS = 2000
 # An event of a run unknown here written this long before the connection opened is not its news
@@ -80,6 +80,7 @@ class ConnectionState:
     runs: OrderedDict[int, RunView] = field(default_factory=OrderedDict)
     rows: OrderedDict[int, RowSeen] = field(default_factory=OrderedDict)
     caps: frozenset[str] = frozenset()
+    status_phases: dict[str, str] | None = None  # `wire.status_phases`: None = §5's phases as they are
     tools: OrderedDict[str, ToolView] = field(default_factory=OrderedDict)  # by toolCallId
     approvals: OrderedDict[str, ToolView] = field(default_factory=OrderedDict)  # by approval id
 
@@ -134,6 +135,14 @@ class ConnectionState:
         view.seq = seq
         view.terminal = payload.get("state") in wire.TERMINAL_CHAT_STATES
         return True
+
+    def chat_json(self, payload: dict[str, Any], encoded: str) -> str | None:
+        """An admitted `chat` event as this client is told it (None: not at all): a status phase
+        only in the words it reads (`status_phases`), everything else as encoded once."""
+        if self.status_phases is None or payload.get("state") != wire.ChatState.STATUS:
+            return encoded
+        phase = self.status_phases.get(str(payload.get("phase")))
+        return None if phase is None else encode({**payload, "phase": phase})
 
     def admit_row(self, session_pk: int, payload: dict[str, Any]) -> bool:
         """Whether this `sessions.changed` is news here: subscribed, and never older than what was sent."""

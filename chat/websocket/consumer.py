@@ -31,6 +31,7 @@ from chat.delivery.messages import (
 from chat.methods import handlers
 from chat.protocol import frames, wire
 from chat.protocol.frames import ProtocolError, encode, invalid
+from chat.runtime.availability import Unavailable
 from chat.runtime.db import db_read, db_write
 from chat.runtime.gateway import runtime
 from chat.web import metrics
@@ -71,7 +72,16 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         self.tasks: set[asyncio.Task[Any]] = set()
         self.busy = False
         self.deferred: deque[GatewayMessage] = deque()
-        await runtime.ensure_started()
+        try:
+            await runtime.ensure_started()
+        except Exception as exc:  # a process that starts while the database or Redis is away
+            if isinstance(exc, Unavailable):
+                metrics.UNAVAILABLE_ANSWERS.labels(exc.dependency).inc()
+            else:  # not an outage: worth its traceback, but still a documented close, not a crash
+                log.exception("the gateway runtime could not start")
+            await self.accept()
+            await self.close(code=handshake.CLOSE_UNAVAILABLE)
+            return
         await self.accept()
         await self.send_event("connect.challenge", {"nonce": secrets.token_hex(16), "ts": wire.now_ms()})
         self._spawn(self._connect_deadline())
@@ -167,6 +177,9 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         except ProtocolError as exc:
             await self._reply_error(request.id, exc)
             return
+        except Unavailable as exc:  # an outage, not a fault: logged once by `availability`
+            await self._reply_unavailable(request.id, exc)
+            return
         except Exception:
             log.exception("handler %s failed", request.method)
             await self._reply_error(request.id, ProtocolError("INTERNAL", "internal error"))
@@ -183,6 +196,9 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         assert reply.wait is not None
         try:
             final = await reply.wait()
+        except Unavailable as exc:
+            await self._reply_unavailable(rid, exc)
+            return
         except Exception:
             log.exception("held ack failed")
             await self._reply_error(rid, ProtocolError("INTERNAL", "internal error"))
@@ -210,7 +226,13 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             await self._reply_error(request.id, exc.error)
             await self.close(code=exc.close_code)
             return
-        identity = await self._identify(params)
+        try:
+            identity = await self._identify(params)
+        except Unavailable as exc:
+            # A clear answer and a documented close: the client reconnects after retryAfterMs.
+            await self._reply_unavailable(request.id, exc)
+            await self.close(code=handshake.CLOSE_UNAVAILABLE)
+            return
         if identity is None:
             await self._reply_error(request.id, ProtocolError("UNAUTHORIZED", "authentication required"))
             await self.close(code=handshake.CLOSE_POLICY)
@@ -234,11 +256,12 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         self.identity = access.Identity(self.token_hash, access.session_digest(self.session_key))
         state.scopes = handshake.granted_scopes(params.requested_scopes, staff=staff)
         state.caps = params.caps
+        state.status_phases = wire.status_phases(params.client_id)
         state.authed = True
         await self.join_group(groups.user_group(state.user_id))
         runtime.connections.add(self)
         hello = handshake.hello_ok(
-            conn_id=self.conn_id, scopes=state.scopes, username=state.username, methods=list(handlers.METHODS)
+            conn_id=self.conn_id, scopes=state.scopes, username=state.username, methods=handlers.listed_methods()
         )
         await self._send_frame(frames.response_ok(request.id, hello))
         self._spawn(self._tick_loop())
@@ -297,7 +320,9 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             and state.may_see(int(message["owner"]), via_operators=message.get("via") == OPERATORS_VIA)
             and state.admit_chat(run_pk, message["payload"], written_at=message.get("at"))
         ):
-            await self._send_event_json("chat", message["json"])
+            chat_json = state.chat_json(message["payload"], message["json"])
+            if chat_json is not None:
+                await self._send_event_json("chat", chat_json)
             # then its `agent` events (§12), per connection: what this one has had of the reply
             _chat, *followers = state.follow(run_pk, message["payload"], message.get("agent"))
             await self.send_events(followers)
@@ -341,12 +366,18 @@ class GatewayConsumer(AsyncWebsocketConsumer):
     async def _reply_error(self, rid: str, exc: ProtocolError) -> None:
         await self._send_frame(frames.response_error(rid, exc.to_error()))
 
+    async def _reply_unavailable(self, rid: str, exc: Unavailable) -> None:
+        metrics.UNAVAILABLE_ANSWERS.labels(exc.dependency).inc()
+        await self._reply_error(rid, frames.unavailable(exc.dependency, retry_after_ms=exc.retry_after_ms))
+
     async def _tick_loop(self) -> None:
         while True:
             await asyncio.sleep(settings.GATEWAY_TICK_INTERVAL_MS / 1000)
             # The backstop of chat.websocket.access: whatever was revoked ends (or narrows) the socket within a tick.
             try:
                 now = await db_read(current_access, self.state.user_id, self.token_hash, self.session_key)
+            except Unavailable:
+                now = None  # the database is away (logged once): checked again next tick
             except Exception:
                 log.warning("authorization re-check failed; trying again next tick", exc_info=True)
                 now = None

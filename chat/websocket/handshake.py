@@ -14,6 +14,7 @@ from chat.protocol.frames import ProtocolError, Scope, invalid
 CLOSE_POLICY = 4008
 CLOSE_PROTOCOL_MISMATCH = 4002
 CLOSE_TOO_MANY_CONNECTIONS = 4029  # GATEWAY_MAX_CONNECTIONS_PER_USER reached (docs/protocol-notes.md)
+CLOSE_UNAVAILABLE = 4013  # the database is away: try again after retryAfterMs (docs/protocol-notes.md)
 
 
 @dataclass
@@ -22,6 +23,7 @@ class ConnectParams:
     has_token: bool
     requested_scopes: list[Any] | None
     caps: frozenset[str] = frozenset()
+    client_id: str = ""
 
 
 class HandshakeError(Exception):
@@ -62,18 +64,33 @@ def parse_connect(params: dict[str, Any]) -> ConnectParams:
         has_token=has_token,
         requested_scopes=requested if isinstance(requested, list) and requested else None,
         caps=frozenset(c for c in caps if isinstance(c, str)) if isinstance(caps, list) else frozenset(),
+        client_id=client["id"],
     )
 
 
-def granted_scopes(requested: list[Any] | None, *, staff: bool) -> list[str]:
-    """Read and write for every user, admin for staff; narrowed to what the client asked for.
+# What a requested scope also grants, as OpenClaw grants it (`operatorScopeSatisfied`): admin holds
+# every operator scope, write holds read. Scopes this gateway does not know are ignored.
+IMPLIED: dict[str, tuple[str, ...]] = {
+    Scope.ADMIN.value: (Scope.READ.value, Scope.WRITE.value, Scope.APPROVALS.value),
+    Scope.WRITE.value: (Scope.READ.value,),
+}
+ORDER = (Scope.READ.value, Scope.WRITE.value, Scope.ADMIN.value, Scope.APPROVALS.value)
 
-    `operator.approvals` (one's own tool approvals, TOOLS.md §13.5) goes to every user who asks for it.
+
+def granted_scopes(requested: list[Any] | None, *, staff: bool) -> list[str]:
+    """What the client asked for (with what each scope implies), within what the user may have.
+
+    Every user may have read, write and `operator.approvals` (their own tool approvals, TOOLS.md
+    §13.5); only staff may have admin, so a non-staff user asking for admin gets what admin implies
+    that they may have, never admin. No scopes asked: read and write, plus admin for staff
+    (approvals only when asked for, so a page that never answers approvals is not sent them).
     """
-    allowed = [Scope.READ.value, Scope.WRITE.value] + ([Scope.ADMIN.value] if staff else [])
     if requested is None:
-        return allowed
-    return [s for s in [*allowed, Scope.APPROVALS.value] if s in requested]
+        return [Scope.READ.value, Scope.WRITE.value] + ([Scope.ADMIN.value] if staff else [])
+    wanted = {s for s in requested if isinstance(s, str)}
+    for scope in list(wanted):
+        wanted.update(IMPLIED.get(scope, ()))
+    return [s for s in ORDER if s in wanted and (staff or s != Scope.ADMIN.value)]
 
 
 def hello_ok(*, conn_id: str, scopes: list[str], username: str, methods: list[str]) -> dict[str, Any]:

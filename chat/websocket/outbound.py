@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from autobahn.exception import Disconnected
 from django.conf import settings
 
-from chat.protocol import frames
+from chat.protocol import frames, wire
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,11 @@ def fit_text(text: str, budget: int) -> str:
     return text[:lo]
 
 
+def frame_budget() -> int:
+    """Bytes one response's payload may take: `maxPayload` less the room kept for its envelope."""
+    return int(settings.GATEWAY_MAX_PAYLOAD) - ENVELOPE_BYTES
+
+
 def max_reply_bytes() -> int:
     """The budget of one reply's text: a delta carries it twice (the text so far and the new part)."""
     return int(settings.GATEWAY_MAX_REPLY_BYTES)
@@ -80,7 +85,7 @@ def fit_history(payload: dict[str, Any], budget: int | None = None) -> dict[str,
     fits, it is sent cut, with `truncated: true`, so the client can still page past it.
     """
     if budget is None:
-        budget = int(settings.GATEWAY_MAX_PAYLOAD) - ENVELOPE_BYTES
+        budget = frame_budget()
     messages: list[dict[str, Any]] = payload["messages"]
     queued: list[dict[str, Any]] = payload.get("queuedRuns") or []
     if queued and _size(queued) > budget // 8:
@@ -101,6 +106,43 @@ def fit_history(payload: dict[str, Any], budget: int | None = None) -> dict[str,
             kept.append(_cut_message(messages[-1], room))
     kept.reverse()
     payload["messages"] = kept
+    return payload
+
+
+# --- list pages by a byte budget -------------------------------------------------------------------
+
+# The smallest a session row encodes to (a bare row is about 450 bytes): no page can hold more rows
+# than the frame has room for at this size, so no more are read.
+MIN_ROW_BYTES = 256
+# Rows read for one page at most, whatever the limit and the frame: rows are read (and made into
+# rows) before the frame is measured, and a page of real rows this long already fills ~0.5 MiB.
+MAX_LIST_ROWS = 1000
+
+
+def rows_that_may_fit(limit: int, budget: int | None = None) -> int:
+    """How many rows to read for a page of `limit`: at most what one frame can hold, and at most
+    `MAX_LIST_ROWS` (the page's paging fields then say where to go on)."""
+    room = (frame_budget() if budget is None else budget) // MIN_ROW_BYTES
+    return max(1, min(limit, room, MAX_LIST_ROWS))
+
+
+def fit_list(payload: dict[str, Any], offset: int, budget: int | None = None) -> dict[str, Any]:
+    """Keep the first rows of a `sessions.list` page that fit in one frame; the paging fields
+    (`count`, `hasMore`, `nextOffset`) then describe the rows sent, so paging on loses none."""
+    if budget is None:
+        budget = frame_budget()
+    rows: list[dict[str, Any]] = payload["sessions"]
+    room = budget - _size({**payload, "sessions": [], "nextOffset": 10**12})
+    kept = 0
+    for row in rows:
+        size = _size(row) + 1
+        if size > room and kept > 0:
+            break  # (a first row that does not fit alone is sent: PAYLOAD_TOO_LARGE, not an empty page)
+        room -= size
+        kept += 1
+    if kept < len(rows):
+        payload["sessions"] = rows[:kept]
+        wire.paged(payload, offset)
     return payload
 
 

@@ -44,6 +44,8 @@ OUTCOME_FIELDS = (
     "aborted_last_run",
     "last_run_error",
     "waiting_for",
+    "input_tokens",
+    "output_tokens",
 )
 
 
@@ -134,12 +136,15 @@ def take_outcome(session: ChatSession, run: Run | None) -> None:
         session.ended_at = None
         session.aborted_last_run = False
         session.last_run_error = ""
+        session.input_tokens = session.output_tokens = None
         return
     session.status = run.state
     session.last_run = run
     session.ended_at = run.ended_at or timezone.now()
     session.aborted_last_run = run.state == RunState.KILLED
     session.last_run_error = run.error_message if run.state in (RunState.FAILED, RunState.TIMEOUT) else ""
+    # the row's token counts are its last run's, as stored (None when it reported none)
+    session.input_tokens, session.output_tokens = run.prompt_tokens, run.completion_tokens
 
 
 def _activate(session: ChatSession, run: Run) -> None:

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from sessions_app import gateway_reads, statements
 from sessions_app.lifecycle.core import (
+    OUTCOME_FIELDS,
     REASON_FOR_STATE,
     emit_run,
     kill,
@@ -123,7 +124,7 @@ def _admit_failed(session: ChatSession, base: dict[str, Any], error: str, actor:
         # `running` iff an active run: a failed side-send never masks a live run.
         take_outcome(session, run)  # failed, this run, its error
         session.started_at = run.ended_at  # it never ran: it started and ended at once
-        save_row(session, "status", "last_run", "started_at", "ended_at", "aborted_last_run", "last_run_error")
+        save_row(session, "started_at", *OUTCOME_FIELDS)
         changed = True
     emit_run(
         run,

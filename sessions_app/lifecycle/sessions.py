@@ -1,4 +1,4 @@
-"""Sessions: create, rename, abort, stop, reset and delete.
+"""Sessions: create, rename and change settings, answer inline commands, abort, stop, reset and delete.
 
 Each service finds its session by owner and key (clients) or by primary key
 (operators): `lock_session(owner_id=..., key=...)` or `lock_session(pk=...)`.
@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import secrets
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from django.db import IntegrityError, transaction
 
+from sessions_app import gateway_reads, statements
 from sessions_app.lifecycle.core import (
+    OUTCOME_FIELDS,
     LifecycleError,
     kill,
     kill_all,
@@ -22,7 +25,7 @@ from sessions_app.lifecycle.core import (
     save_row,
     take_outcome,
 )
-from sessions_app.models import Actor, ChatSession, Run
+from sessions_app.models import Actor, ChatSession, Message, Run
 
 
 @dataclass
@@ -47,21 +50,123 @@ def create_session(
         return session
 
 
+@dataclass(frozen=True)
+class SettingsChange:
+    """What a patch changes (values already validated by the caller): None leaves a field as it
+    is, "" clears it (no label; the agent's default level or model)."""
+
+    label: str | None = None
+    thinking_level: str | None = None
+    verbose_level: str | None = None
+    model: str | None = None
+
+    def apply(self, session: ChatSession) -> list[str]:
+        """Set the given fields on `session`; the names of the row fields they are."""
+        changed = []
+        for attr, field in (
+            ("label", "label"),
+            ("thinking_level", "thinking_level"),
+            ("verbose_level", "verbose_level"),
+            ("model", "model_override"),
+        ):
+            value = getattr(self, attr)
+            if value is not None:
+                setattr(session, field, value)
+                changed.append(field)
+        return changed
+
+
 def patch_session(
     *,
-    label: str,
     owner_id: int | None = None,
     key: str | None = None,
     pk: int | None = None,
+    label: str | None = None,
+    change: SettingsChange | None = None,
     actor: str = Actor.USER,
+    create: bool = False,
+    agent_id: str = "main",
 ) -> ChatSession:
-    """Rename a session."""
+    """Rename a session and change its settings (`label`, or any fields of `change`); one `patch`.
+
+    With `create`, a key not used yet is created first (announced as `create`), as OpenClaw's
+    `sessions.patch` does: a client may choose a model before the first message.
+    """
+    change = change or SettingsChange()
+    if label is not None:
+        change = replace(change, label=label)
     with transaction.atomic():
-        session = lock_session(owner_id=owner_id, key=key, pk=pk)
-        session.label = label
-        save_row(session, "label")
+        session = _lock(owner_id=owner_id, key=key, pk=pk, create=create, agent_id=agent_id, actor=actor)
+        save_row(session, *change.apply(session))
         row_changed(session, reason="patch", actor=actor)
         return session
+
+
+def answer_command(
+    *,
+    owner_id: int,
+    key: str,
+    agent_id: str,
+    text: str,
+    command_key: str,
+    answer: Callable[[ChatSession], str],
+    change: SettingsChange | None = None,
+    actor: str = Actor.USER,
+) -> tuple[ChatSession, str, bool]:
+    """An inline command that answers in words (/status, /think, /verbose, /model): create the
+    session if needed, apply its settings (announced as a `patch`), then store the command and
+    `answer(session)` in the current transcript under `command_key` (the send's idempotencyKey),
+    which marks them as a command's: no model ever reads them.
+
+    A key the session has seen is answered as a run's is (§4): the same command again gets its
+    stored answer (and True: a replay), and nothing is applied or stored again; a key of another
+    command, or of a run, is CONFLICT. One transaction: the answer describes the row exactly as
+    this change leaves it.
+    """
+    with transaction.atomic():
+        session = lock_or_create_session(owner_id=owner_id, key=key, agent_id=agent_id, actor=actor)
+        stored = _stored_command(session, command_key)
+        if stored is not None:
+            asked, answered = stored
+            if asked != text:
+                raise _key_conflict()
+            return session, answered, True
+        if Run.objects.filter(session=session, run_id=command_key).exists():
+            raise _key_conflict()
+        fields = change.apply(session) if change is not None else []
+        if fields:
+            save_row(session, *fields)
+            row_changed(session, reason="patch", actor=actor)
+        reply = answer(session)
+        for role, body in (("user", text), ("assistant", reply)):
+            statements.insert(
+                Message(
+                    session=session,
+                    session_generation=session.session_id,
+                    role=role,
+                    text=body,
+                    command_key=command_key,
+                )
+            )
+        return session, reply, False
+
+
+def _stored_command(session: ChatSession, command_key: str) -> tuple[str, str] | None:
+    """The command stored under this key in the session (any generation) and its answer, or None."""
+    pair = dict(gateway_reads.command_messages(session, command_key).values_list("role", "text"))
+    if "user" not in pair:
+        return None
+    return pair["user"], pair.get("assistant", "")
+
+
+def _key_conflict() -> LifecycleError:
+    # the words and details chat.send uses for a key reused with another message
+    return LifecycleError(
+        "CONFLICT",
+        "idempotencyKey was already used with a different message",
+        field="idempotencyKey",
+        reason="idempotency-conflict",
+    )
 
 
 def abort(
@@ -122,9 +227,7 @@ def reset_session(
         session.session_id = uuid.uuid4()
         take_outcome(session, None)  # a fresh transcript has no last run
         session.started_at = None
-        save_row(
-            session, "session_id", "status", "last_run", "started_at", "ended_at", "aborted_last_run", "last_run_error"
-        )
+        save_row(session, "session_id", "started_at", *OUTCOME_FIELDS)
         row_changed(session, reason="reset", actor=actor)
         return session, killed
 

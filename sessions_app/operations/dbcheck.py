@@ -3,7 +3,7 @@
 Django's PostgreSQL pool waits up to DB_POOL_TIMEOUT_SECONDS (30 s) for a connection
 when the server is down; commands, `/readyz` and `/metrics` must answer long before
 that. `probe_database` opens one throwaway connection with a connect timeout of
-DB_CONNECT_TIMEOUT_SECONDS and runs `SELECT 1`.
+DB_CONNECT_TIMEOUT_SECONDS and runs `SELECT 1` under a statement timeout as long.
 """
 
 from __future__ import annotations
@@ -32,6 +32,10 @@ def probe_database(alias: str = "default", timeout: float | None = None) -> None
                 k: v for k, v in conn.get_connection_params().items() if k not in ("context", "cursor_factory")
             }
             params["connect_timeout"] = max(1, round(timeout))
+            # A server that accepts connections but cannot run a statement (recovering, its
+            # disk stuck) fails the probe within the timeout instead of holding it.
+            limit = f"-c statement_timeout={max(1, int(timeout * 1000))}"
+            params["options"] = f"{params.get('options') or ''} {limit}".strip()
             with psycopg.connect(**params) as raw:
                 raw.execute("SELECT 1")
         elif vendor == "sqlite":

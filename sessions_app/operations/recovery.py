@@ -9,6 +9,7 @@ server process claims them.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -20,14 +21,19 @@ from django.utils import timezone
 
 from sessions_app.lifecycle import runs
 from sessions_app.models import ACTIVE_STATES, Actor, GatewayProcess, Run
-from sessions_app.process import live_process_ids
+from sessions_app.process import Blind, blind_seconds, live_process_ids
+
+log = logging.getLogger(__name__)
 
 INTERRUPTED_MESSAGE = "the gateway process running this run stopped; the run was interrupted"
 
 
-def orphaned_owners(exclude: str = "") -> list[str]:
-    """Owners of active runs that are not live processes ('' = unowned, claimed elsewhere)."""
-    live = live_process_ids()
+def orphaned_owners(exclude: str = "", blind: Blind = ()) -> list[str]:
+    """Owners of active runs that are not live processes ('' = unowned, claimed elsewhere).
+
+    `blind`: when the caller could not reach the database (`process.live_process_ids`).
+    """
+    live = live_process_ids(blind)
     if exclude:
         live.add(exclude)
     owners = set(
@@ -47,9 +53,9 @@ class RecoverResult:
         return {"dryRun": self.dry_run, "deadProcesses": self.dead_processes, "runs": self.runs, "ended": self.ended}
 
 
-def plan(exclude: str = "") -> RecoverResult:
+def plan(exclude: str = "", blind: Blind = ()) -> RecoverResult:
     """Active runs whose owning process stopped heartbeating."""
-    result = RecoverResult(dry_run=True, dead_processes=orphaned_owners(exclude))
+    result = RecoverResult(dry_run=True, dead_processes=orphaned_owners(exclude, blind))
     if not result.dead_processes:
         return result
     rows = Run.objects.filter(state__in=ACTIVE_STATES, owner_process__in=result.dead_processes).order_by("pk")
@@ -73,9 +79,10 @@ def recover(
     exclude: str = "",
     progress_factory: Callable[[int], Callable[[int], None] | None] | None = None,
     actor: str = Actor.REAPER,
+    blind: Blind = (),
 ) -> RecoverResult:
     """End the active runs of dead processes as failed (errorKind interrupted)."""
-    result = plan(exclude)
+    result = plan(exclude, blind)
     result.dry_run = dry_run
     if dry_run or not result.runs:
         return result
@@ -103,7 +110,22 @@ class SweepResult:
     forgotten: int
 
 
-def sweep(self_id: str) -> SweepResult:
-    """The periodic sweep of a live server process (never ends its own runs)."""
-    result = recover(exclude=self_id)
+def sweep(self_id: str, blind: Blind = ()) -> SweepResult:
+    """The periodic sweep of a live server process (never ends its own runs).
+
+    `blind`: when this process could not reach the database; a peer's heartbeat age counts
+    without that time (`process.live_process_ids`).
+    """
+    result = recover(exclude=self_id, blind=blind)
+    if result.ended:
+        # Rare, and the one decision an operator must be able to check: whom, and on what grounds.
+        now = timezone.now()
+        grounds = [
+            f"{server_id} (last heartbeat {(now - beat).total_seconds():.1f} s ago, "
+            f"{blind_seconds(blind, beat):.1f} s of it unseen here)"
+            for server_id, beat in GatewayProcess.objects.filter(server_id__in=result.dead_processes).values_list(
+                "server_id", "heartbeat_at"
+            )
+        ]
+        log.warning("ended %d runs of dead processes: %s", result.ended, "; ".join(grounds) or result.dead_processes)
     return SweepResult(ended=result.ended, forgotten=forget_dead_processes())

@@ -106,7 +106,7 @@ export function initialState({ currentKey = null, mainKey = "agent:main:main", d
     order: 0,
     drafts: { ...drafts }, // key -> composer text
     policy: DEFAULT_POLICY, // limits and patterns, from hello-ok
-    agents: null, // {list: [{id, name, model, backend}], defaultId} from agents.list
+    agents: null, // {list: [{id, name, model (its name), backend}], defaultId} from agents.list
     search: "", // sidebar search (server-side through sessions.list `search`)
     listNext: null, // {search, offset}: where the next page of the sidebar starts, or null
     notice: null,
@@ -271,11 +271,17 @@ function inTranscript(s, key, runId) {
   return Boolean(conv) && conv.messages.some((m) => m && m.runId === runId);
 }
 
-/** The inline command a message is (§4: the whole message after trimming), or null. */
+// Inline commands (docs/protocol-notes.md): these four only as the whole message; the settings
+// commands with an optional argument (the gateway refuses more than one).
+const BARE_COMMANDS = new Set(["/stop", "/new", "/reset", "/status"]);
+const SETTING_COMMANDS = new Set(["/think", "/verbose", "/model"]);
+
+/** The inline command a message is (its name, e.g. "/think"), or null. */
 export function inlineCommand(text) {
   if (typeof text !== "string") return null;
-  const t = text.trim();
-  return t === "/stop" || t === "/new" || t === "/reset" ? t : null;
+  const words = text.trim().split(/\s+/);
+  if (BARE_COMMANDS.has(words[0])) return words.length === 1 ? words[0] : null;
+  return SETTING_COMMANDS.has(words[0]) ? words[0] : null;
 }
 
 function restoreDraft(s, run) {
@@ -800,7 +806,10 @@ export function reduce(state, action) {
       return s;
     case "agents/loaded": {
       const payload = action.payload || {};
-      const list = (Array.isArray(payload.agents) ? payload.agents : []).filter((a) => a && typeof a.id === "string");
+      const list = (Array.isArray(payload.agents) ? payload.agents : [])
+        .filter((a) => a && typeof a.id === "string")
+        // the model comes as OpenClaw's {primary}; the page shows its name
+        .map((a) => ({ ...a, model: typeof a.model === "string" ? a.model : (a.model && a.model.primary) || "" }));
       s.agents = { list, defaultId: payload.defaultId || "main" };
       return s;
     }

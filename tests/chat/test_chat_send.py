@@ -156,6 +156,23 @@ async def test_interrupt_aborts_active_and_keeps_queue(client):
     assert (await client.wait_terminal("b"))["state"] == "final"
 
 
+async def test_queue_mode_steer_is_a_steer(client):
+    """OpenClaw's Control UI sends `queueMode: "steer"` when the user types during a run: done as
+    sessions.steer does it (the active run stopped with stopReason steer, the queue kept behind)."""
+    await client.ok("chat.send", send_params("main", "[[hang]]", "a"))
+    await client.ok("chat.send", send_params("main", "queued one", "b"))
+    ack = await client.ok("chat.send", send_params("main", "new direction", "c", queueMode="steer"))
+    assert ack["status"] == "started" and ack["interruptedActiveRun"] is True
+    assert (await client.wait_terminal("a"))["stopReason"] == "steer"
+    steered = await client.wait_event(lambda e: e["event"] == "sessions.changed" and e["payload"]["reason"] == "steer")
+    assert steered["payload"]["runId"] == "a"
+    assert (await client.wait_terminal("c"))["state"] == "final"
+    assert (await client.wait_terminal("b"))["state"] == "final"
+    # on an idle session it simply starts, as interrupt does; a replay is a replay
+    assert (await client.ok("chat.send", send_params("main", "idle", "d", queueMode="steer")))["status"] == "started"
+    assert (await client.ok("chat.send", send_params("main", "new direction", "c")))["status"] == "ok"
+
+
 async def test_steer_keeps_terminal_status(client):
     ack = await client.ok("sessions.steer", send_params("main", "[[hang]]", "a"))
     assert ack["status"] == "started"
@@ -213,7 +230,6 @@ async def test_users_do_not_see_each_other(client, make_user):
     assert (await bob.ok("sessions.list"))["totalCount"] == 0
     for method, params in [
         ("chat.abort", {"sessionKey": "secret"}),
-        ("sessions.patch", {"sessionKey": "secret", "label": "x"}),
         ("sessions.reset", {"sessionKey": "secret"}),
         ("sessions.delete", {"sessionKey": "secret"}),
     ]:
@@ -223,6 +239,11 @@ async def test_users_do_not_see_each_other(client, make_user):
     assert hist["messages"] == []
     await bob.drain(0.2)
     assert [e for e in bob.events if e["event"] in ("chat", "sessions.changed")] == []
+    # sessions.patch creates a key not used yet (as OpenClaw's): bob's own "secret", not alice's
+    bobs = (await bob.ok("sessions.patch", {"sessionKey": "secret", "label": "x"}))["session"]
+    assert bobs["label"] == "x" and bobs["status"] is None
+    alices = (await client.ok("sessions.list"))["sessions"]
+    assert [(r["key"], r["label"], r["status"]) for r in alices] == [("agent:main:secret", "", "done")]
     await bob.close()
 
 

@@ -1,6 +1,7 @@
 """Frame parsing and parameter validation (no database)."""
 
 import base64
+from typing import Any
 
 import pytest
 
@@ -122,10 +123,61 @@ def test_body_hash_distinguishes_messages() -> None:
 
 
 @pytest.mark.parametrize(
-    "msg, cmd", [("/stop", "/stop"), (" /new ", "/new"), ("/reset", "/reset"), ("/stop now", None)]
+    "msg, cmd, arg",
+    [
+        ("/stop", "/stop", None),
+        (" /new ", "/new", None),
+        ("/reset", "/reset", None),
+        ("/stop now", None, None),
+        ("/think", "/think", None),
+        ("/think HIGH", "/think", "high"),
+        ("/think default", "/think", ""),
+        # a command word and a sentence: a message for the model
+        ("/think about this bug", None, None),
+        ("/model is great", None, None),
+        ("/verbose on please", None, None),
+    ],
 )
-def test_commands(msg: str, cmd: str | None) -> None:
-    assert frames.parse_chat_send(_send(message=msg)).command == cmd
+def test_commands(msg: str, cmd: str | None, arg: str | None) -> None:
+    parsed = frames.parse_chat_send(_send(message=msg))
+    assert (parsed.command, parsed.command_arg) == (cmd, arg)
+
+
+@pytest.mark.parametrize("msg", ["/think hgih", "/verbose loud", "/model gpt-9"])
+def test_a_command_with_one_bad_argument_is_refused(msg: str) -> None:
+    with pytest.raises(ProtocolError) as err:
+        frames.parse_chat_send(_send(message=msg))
+    assert (err.value.code, err.value.details["field"]) == ("INVALID_REQUEST", "message")
+
+
+@pytest.mark.parametrize(
+    "parse",
+    [
+        frames.session_key_param,
+        frames.named_session,
+        lambda params: frames.agent_session(params, default_name=None),
+        frames.parse_sessions_create,
+    ],
+)
+def test_key_and_session_key_naming_different_sessions_is_refused(parse: Any) -> None:
+    with pytest.raises(ProtocolError) as err:
+        parse({"key": "a", "sessionKey": "b"})
+    assert (err.value.code, err.value.details["field"]) == ("INVALID_REQUEST", "key")
+    parse({"key": "a", "sessionKey": "a"})  # the same session twice is fine
+
+
+def test_a_create_without_a_key_derives_its_name_from_the_first_messages_key() -> None:
+    first = frames.parse_sessions_create({"message": "hi", "idempotencyKey": "k-1"})
+    assert first.first is not None and first.first.run_id == "k-1" and first.derived_key
+    assert first.key == frames.parse_sessions_create({"message": "hi", "idempotencyKey": "k-1"}).key
+    assert first.key == "agent:main:" + frames.derived_name("k-1") and first.key != "agent:main:s-"
+    # no first message, or no idempotencyKey: a generated name, a fresh runId
+    assert frames.parse_sessions_create({"idempotencyKey": "k-1"}).key is None
+    fresh = frames.parse_sessions_create({"message": "hi"})
+    assert fresh.key is None and fresh.first is not None and fresh.first.run_id != "k-1"
+    with pytest.raises(ProtocolError) as err:
+        frames.parse_sessions_create({"message": "hi", "idempotencyKey": "a b"})
+    assert err.value.details["field"] == "idempotencyKey"
 
 
 def test_encode_is_utf8_text_and_escapes_a_lone_surrogate() -> None:

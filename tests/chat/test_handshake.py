@@ -107,11 +107,16 @@ async def test_foreign_origin_is_refused_before_accept(alice):
 
 
 async def test_scopes_are_intersected_and_enforced(alice):
-    c = await open_client(alice[1], subscribe=False, params={"scopes": ["operator.read", "operator.admin"]})
+    c = await open_client(alice[1], subscribe=False, params={"scopes": ["operator.read", "operator.nonsense"]})
     assert c.hello["auth"]["scopes"] == ["operator.read"]
     res = await c.call("chat.send", {"sessionKey": "main", "message": "hi", "idempotencyKey": "k"})
     assert res["error"]["code"] == "FORBIDDEN"
     assert not await database_sync_to_async(Run.objects.exists)()
+    await c.close()
+    # admin is staff-only: a user asking for it gets what it implies that they may have, not admin
+    c = await open_client(alice[1], subscribe=False, params={"scopes": ["operator.read", "operator.admin"]})
+    assert c.hello["auth"]["scopes"] == ["operator.read", "operator.write", "operator.approvals"]
+    assert (await c.call("sessions.subscribe", {"scope": "all"}))["error"]["code"] == "FORBIDDEN"
     await c.close()
 
 

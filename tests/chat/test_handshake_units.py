@@ -37,7 +37,20 @@ def test_token_and_scopes_are_read() -> None:
 def test_scopes_granted() -> None:
     assert handshake.granted_scopes(None, staff=False) == ["operator.read", "operator.write"]
     assert handshake.granted_scopes(None, staff=True)[-1] == "operator.admin"
-    assert handshake.granted_scopes(["operator.admin", "operator.read"], staff=False) == ["operator.read"]
+    # as OpenClaw grants them: admin implies the operator scopes, write implies read, admin is staff-only
+    assert handshake.granted_scopes(["operator.admin", "operator.read"], staff=False) == [
+        "operator.read",
+        "operator.write",
+        "operator.approvals",
+    ]
+    assert handshake.granted_scopes(["operator.admin"], staff=True) == [
+        "operator.read",
+        "operator.write",
+        "operator.admin",
+        "operator.approvals",
+    ]
+    assert handshake.granted_scopes(["operator.write"], staff=True) == ["operator.read", "operator.write"]
+    assert handshake.granted_scopes(["operator.read", 7, "operator.talk"], staff=True) == ["operator.read"]
 
 
 def test_hello_lists_methods_and_announces_the_page_limits(settings: Any) -> None:

@@ -71,6 +71,16 @@ def test_readyz_503_while_draining(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.django_db
+def test_readyz_503_while_the_runtime_could_not_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The services may answer again, but the process serves nothing until its start is retried."""
+    monkeypatch.setattr(runtime, "start_error", "ChannelLayerUnavailable: channel_layer unavailable")
+    res = Client().get("/readyz")
+    assert res.status_code == HTTPStatus.SERVICE_UNAVAILABLE
+    check = res.json()["checks"]["runtime"]
+    assert check["ok"] is False and "not started" in check["detail"]
+
+
+@pytest.mark.django_db
 def test_metrics_state_gauges() -> None:
     owner = opsdata.user()
     opsdata.own(opsdata.send(owner, "stuck", "s1"), "dead-process")

@@ -15,22 +15,27 @@ async def test_agents_list_round_trip(settings, alice):
     settings.GATEWAY_AGENTS = {
         "main": {"backend": "scripted", "model": "scripted"},
         "helper": {"backend": "scripted", "model": "tiny-1", "name": "Helper bot"},
+        "bare": {"backend": "scripted"},
     }
     c = await open_client(alice[1], subscribe=False)
     assert "agents.list" in c.hello["features"]["methods"]
     payload = await c.ok("agents.list", {})
+    # `model` is OpenClaw's `{primary}` (its Control UI reads agents[].model.primary)
     assert payload == {
         "agents": [
-            {"id": "main", "name": "main", "model": "scripted", "backend": "scripted"},
-            {"id": "helper", "name": "Helper bot", "model": "tiny-1", "backend": "scripted"},
+            {"id": "main", "name": "main", "model": {"primary": "scripted"}, "backend": "scripted"},
+            {"id": "helper", "name": "Helper bot", "model": {"primary": "tiny-1"}, "backend": "scripted"},
+            {"id": "bare", "name": "bare", "model": {}, "backend": "scripted"},
         ],
         "defaultId": "main",
+        "mainKey": "main",
+        "scope": "per-sender",
     }
     await c.close()
 
 
 async def test_agents_list_needs_read_scope(alice):
-    c = await open_client(alice[1], subscribe=False, params={"scopes": ["operator.write"]})
+    c = await open_client(alice[1], subscribe=False, params={"scopes": ["operator.approvals"]})
     res = await c.call("agents.list", {})
     assert res["ok"] is False and res["error"]["code"] == "FORBIDDEN"
     await c.close()

@@ -6,7 +6,9 @@ import asyncio
 from typing import Any
 
 import pytest
+from channels.testing import WebsocketCommunicator
 
+from chat.runtime.availability import ChannelLayerUnavailable
 from chat.runtime.gateway import runtime
 from tests.support.communicator import open_client
 from tests.support.db import send_params
@@ -62,9 +64,9 @@ async def test_a_failed_start_is_tried_again_by_the_next_connection(
         await start(*args, **kwargs)
 
     monkeypatch.setattr(runtime.hub, "start", failing_once)
-    with pytest.raises(ConnectionError):
+    with pytest.raises(ChannelLayerUnavailable):  # the layer unreachable: an outage, not a crash
         await runtime.ensure_started()
-    assert not runtime.running
+    assert not runtime.running and "channel layer unreachable" in runtime.start_error  # /readyz: unready
     client = await open_client(alice[1])
     try:
         await client.ok("chat.send", send_params("retry", "hello [[tick:10]]", "m1"))
@@ -93,3 +95,23 @@ async def test_a_cancelled_first_caller_neither_aborts_the_start_nor_cancels_the
         assert (await client.wait_terminal("m1", 10))["state"] == "final"
     finally:
         await client.close()
+
+
+async def test_a_start_that_fails_for_another_reason_closes_the_socket_with_4013(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not an outage (a bug, a bad setting): logged with its traceback, and the client hears the
+    documented close it retries after, not a crashed consumer."""
+    from gatewayproject.asgi import application
+
+    async def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("something else")
+
+    monkeypatch.setattr(runtime.hub, "start", broken)
+    comm = WebsocketCommunicator(application, "/ws/gateway")
+    accepted, _ = await comm.connect()
+    assert accepted
+    closed = await comm.receive_output(5)
+    assert closed == {"type": "websocket.close", "code": 4013}, closed
+    assert not runtime.running and "something else" in runtime.start_error
+    await comm.disconnect()

@@ -16,6 +16,8 @@ def own_redis(tmp_path: Path) -> Iterator[RedisProcess]:
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed")
     r = RedisProcess(tmp_path)
-    r.start()
-    yield r
-    r.kill()
+    try:
+        r.start()
+        yield r
+    finally:
+        r.destroy()

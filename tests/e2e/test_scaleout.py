@@ -78,7 +78,10 @@ async def test_abort_on_one_process_stops_run_on_the_other(cluster):
     a_srv, b_srv = cluster["servers"]
     key = f"x{uuid.uuid4().hex[:6]}"
     async with ws_client(a_srv, cluster["token"]) as a, ws_client(b_srv, cluster["token"]) as b:
-        await a.ok("chat.send", send_params(key, "a b c d e f g h i j k l [[tick:200]]", "r1"))
+        # 60 words at 200 ms: long enough that a loaded machine's slow abort still finds the task
+        # running (a run that ends on its own first is never cancelled, and has no cancel_ms)
+        words = " ".join(f"w{i}" for i in range(60))
+        await a.ok("chat.send", send_params(key, f"{words} [[tick:200]]", "r1"))
         await b.wait_event(lambda e: e["event"] == "chat" and e["payload"].get("state") == "delta", 10)
         res = await b.ok("chat.abort", {"sessionKey": key, "runId": "r1"})
         assert res == {"aborted": True, "runIds": ["r1"]}

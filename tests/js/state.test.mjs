@@ -8,6 +8,7 @@ import {
   canonicalKey,
   conversation,
   initialState,
+  inlineCommand,
   isNewerRow,
   isSeqGap,
   outbox,
@@ -127,6 +128,42 @@ describe("helpers", () => {
     assert.ok(isNewerRow(row({ version: 3 }), row({ version: 2 })));
     assert.ok(!isNewerRow(row({ version: 2 }), row({ version: 2 })));
     assert.ok(isNewerRow(row({ version: 1, createdAt: 2000 }), row({ version: 9, createdAt: 1000 })));
+  });
+
+  test("inline commands are named as the gateway parses them", () => {
+    for (const [text, name] of [
+      ["/stop", "/stop"],
+      [" /status ", "/status"],
+      ["/think", "/think"],
+      ["/think high", "/think"],
+      ["/model openai/gpt-4o", "/model"],
+      ["/verbose on", "/verbose"],
+    ]) {
+      assert.equal(inlineCommand(text), name, JSON.stringify(text));
+    }
+    for (const text of ["/status now", "/new chat", "/thinking", "hello /stop", "", null]) {
+      assert.equal(inlineCommand(text), null, JSON.stringify(text));
+    }
+  });
+
+  test("agents.list: the model comes as OpenClaw's {primary}, the page keeps its name", () => {
+    const payload = {
+      agents: [
+        { id: "main", name: "main", model: { primary: "scripted" }, backend: "scripted" },
+        { id: "bare", name: "bare", model: {}, backend: "scripted" },
+        { id: "old", name: "old", model: "tiny-1", backend: "scripted" },
+      ],
+      defaultId: "main",
+    };
+    const s = reduce(online(), { type: "agents/loaded", payload });
+    assert.deepEqual(
+      s.agents.list.map((a) => [a.id, a.model]),
+      [
+        ["main", "scripted"],
+        ["bare", ""],
+        ["old", "tiny-1"],
+      ],
+    );
   });
 
   test("the reducer does not change its input", () => {
@@ -266,6 +303,25 @@ describe("chat.send acks (§4)", () => {
     const s = ack(send(online(), "c1", "/new"), "c1", { status: "ok", command: "/new", runId: "c1" });
     assert.equal(items(s).length, 0);
     assert.ok(s.effects.some((e) => e.type === "history"));
+  });
+
+  test("a command's answer comes as a chat final before its ack: shown once, then as history has it", () => {
+    const answer = "Session agent:main:main (sessionId x)";
+    const message = { role: "assistant", content: [{ type: "text", text: answer }], timestamp: 1, command: true };
+    let s = send(online(), "c1", "/status");
+    s = events(s, [chat("c1", 1, "final", { stopReason: "stop", message })]);
+    assert.deepEqual(items(s).map((i) => [i.role, i.text, i.state]), [
+      ["user", "/status", "final"],
+      ["assistant", answer, "final"],
+    ]);
+    s = ack(s, "c1", { status: "ok", command: "/status", reply: answer, runId: "c1" });
+    assert.ok(s.effects.some((e) => e.type === "history" && e.key === KEY));
+    s = history(s, { messages: [msg(1, "user", "/status", "c1", { command: true }), msg(2, "assistant", answer, "c1", { command: true })] });
+    assert.deepEqual(items(s).map((i) => [i.role, i.text]), [
+      ["user", "/status"],
+      ["assistant", answer],
+    ]);
+    assert.equal(activity(s, KEY).pending, false);
   });
 });
 

@@ -10,7 +10,7 @@ import re
 import subprocess
 import sys
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from chat.runtime import health
 from chat.runtime.gateway import GatewayRuntime
 from chat.web import ops, state_gauges
 from gatewayproject import logs
-from sessions_app import operator_reads
+from sessions_app import operator_reads, process
 from sessions_app.models import (
     ChatSession,
     GatewayProcess,
@@ -190,6 +190,118 @@ def test_audit_names_the_operator_and_deletes_leave_tombstones(admin_client: Cli
     assert (tomb.reason, tomb.actor_user_id, tomb.owner_id) == ("delete", admin_user.pk, session.owner_id)
 
 
+def _outages(since: datetime, until: datetime, down: float, up: float) -> list[tuple[datetime, datetime]]:
+    """Outages of `down` seconds every `down + up` seconds, the last ending at `until`."""
+    spans = []
+    end = until
+    while end > since:
+        spans.append((end - timedelta(seconds=down), end))
+        end -= timedelta(seconds=down + up)
+    return spans[::-1]
+
+
+def test_time_the_sweeper_could_not_see_does_not_count_against_a_peer(db: None, settings: Any) -> None:
+    """A peer's silence is its heartbeat's age minus the time the sweeper could not reach the
+    database since that heartbeat: a peer that was beating when the outage began is live after it."""
+    settings.GATEWAY_RECOVERY_SECONDS = 30
+    opsdata.register_live_process("sweeper")
+    silent = opsdata.register_dead_process("silent-peer")
+    run = opsdata.own(opsdata.send(opsdata.user(), "s", "r1"), "silent-peer")
+    window = (timezone.now() - process.stale_before()).total_seconds()
+    now = timezone.now()
+    GatewayProcess.objects.filter(pk=silent.pk).update(heartbeat_at=now - timedelta(seconds=window + 10))
+    outage = [(now - timedelta(seconds=window + 9), now - timedelta(seconds=1))]  # began just after its beat
+    assert "silent-peer" in process.live_process_ids(outage)
+    assert recovery.sweep("sweeper", outage).ended == 0
+    assert not Run.objects.get(pk=run.pk).is_terminal
+    assert "silent-peer" not in process.live_process_ids()  # without the outage: dead
+    GatewayProcess.objects.filter(pk=silent.pk).update(stopped_at=timezone.now())  # drained: dead at once
+    assert "silent-peer" not in process.live_process_ids(outage)
+
+
+def test_a_peer_live_when_the_sweeper_went_blind_has_a_recovery_window_after_it_sees_again(
+    db: None, settings: Any
+) -> None:
+    """The peer may reach the database a while after the sweeper does (its pool still waiting for
+    a connection): it is not dead before GATEWAY_RECOVERY_SECONDS have passed since the sweeper
+    could see again."""
+    settings.GATEWAY_RECOVERY_SECONDS = 30
+    opsdata.register_live_process("sweeper")
+    peer = opsdata.register_dead_process("slow-to-return")
+    now = timezone.now()
+    GatewayProcess.objects.filter(pk=peer.pk).update(heartbeat_at=now - timedelta(seconds=45))
+    outage = [(now - timedelta(seconds=40), now - timedelta(seconds=29))]  # it was beating when this began
+    assert "slow-to-return" in process.live_process_ids(outage)
+    later = [(start, end - timedelta(seconds=2)) for start, end in outage]
+    assert "slow-to-return" not in process.live_process_ids(later)
+
+
+def test_a_dead_peer_is_reaped_in_bounded_time_however_often_the_sweepers_outages_recur(
+    db: None, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The supervisor's own bookkeeping, outage after outage (each ending just before a sweep):
+    the dead peer is reaped within a window and a recovery period (and an outage) of its death,
+    not never."""
+    from chat.runtime.supervisor import Supervisor
+
+    settings.GATEWAY_RECOVERY_SECONDS = 30
+    opsdata.register_live_process("sweeper")
+    peer = opsdata.register_dead_process("dead-peer")
+    clock = {"now": timezone.now()}
+    monkeypatch.setattr(timezone, "now", lambda: clock["now"])
+    window = (timezone.now() - process.stale_before()).total_seconds()
+    died = clock["now"]
+    GatewayProcess.objects.filter(pk=peer.pk).update(heartbeat_at=died)
+    sup = Supervisor(runtime=None)  # type: ignore[arg-type]  # (only its heartbeat bookkeeping is used)
+    interval = settings.GATEWAY_HEARTBEAT_SECONDS
+    reaped_after = None
+    for _ in range(200):
+        clock["now"] += timedelta(seconds=3.0 + interval)
+        sup.beat_after(3.0 + interval)  # blind for 3 s, then a beat
+        clock["now"] += timedelta(seconds=3.0)
+        sup.beat_after(interval)  # seeing for 3 s
+        if "dead-peer" not in process.live_process_ids(list(sup.blind)):
+            reaped_after = (clock["now"] - died).total_seconds()
+            break
+    assert reaped_after is not None, "a dead peer escaped recovery"
+    assert reaped_after <= window + settings.GATEWAY_RECOVERY_SECONDS + 2 * (6.0 + interval), (reaped_after, window)
+    assert len(sup.blind) <= (settings.GATEWAY_RECOVERY_SECONDS + 3 * interval) / 6 + 2  # old spans forgotten
+
+
+def test_a_peer_dead_before_an_outage_is_reaped_on_schedule(db: None, settings: Any) -> None:
+    settings.GATEWAY_RECOVERY_SECONDS = 30
+    opsdata.register_live_process("sweeper")
+    silent = opsdata.register_dead_process("dead-before")
+    run = opsdata.own(opsdata.send(opsdata.user(), "s", "r1"), "dead-before")
+    window = (timezone.now() - process.stale_before()).total_seconds()
+    now = timezone.now()
+    GatewayProcess.objects.filter(pk=silent.pk).update(heartbeat_at=now - timedelta(seconds=window + 20))
+    just_over = [(now - timedelta(seconds=10), now - timedelta(seconds=0.5))]  # long after it went silent
+    assert "dead-before" not in process.live_process_ids(just_over)
+    assert recovery.sweep("sweeper", just_over).ended == 1
+    ended = Run.objects.get(pk=run.pk)
+    assert (ended.state, ended.error_kind) == (RunState.FAILED, "interrupted")
+
+
+def test_recurring_outages_only_delay_the_verdict_on_a_dead_peer(db: None, settings: Any) -> None:
+    """Outages that keep coming back (each just over) never make a dead peer immortal: it is dead
+    once the time the sweeper could see since its last heartbeat exceeds the window, and the
+    outages it was still live at the start of ended a recovery period ago."""
+    settings.GATEWAY_RECOVERY_SECONDS = 30
+    opsdata.register_live_process("sweeper")
+    silent = opsdata.register_dead_process("dead-peer")
+    window = (timezone.now() - process.stale_before()).total_seconds()
+    now = timezone.now()
+    recovery = settings.GATEWAY_RECOVERY_SECONDS
+    for age, live in ((2 * window - 4, True), (window + recovery + 8, False), (10 * window, False)):
+        beat = now - timedelta(seconds=age)
+        GatewayProcess.objects.filter(pk=silent.pk).update(heartbeat_at=beat)
+        # half of every 6 s blind, the last outage just over: the sweeper saw half the peer's silence
+        blind = _outages(beat, now, down=3.0, up=3.0)
+        assert process.blind_seconds(blind, beat) == pytest.approx(age / 2, abs=3.5)
+        assert ("dead-peer" in process.live_process_ids(blind)) is live, (age, window)
+
+
 def test_sweep_forgets_long_dead_processes(db: None) -> None:
     old = opsdata.register_dead_process("long-gone")
     GatewayProcess.objects.filter(pk=old.pk).update(heartbeat_at=timezone.now() - timedelta(days=3))
@@ -206,7 +318,7 @@ def test_sweep_forgets_long_dead_processes(db: None) -> None:
 
 @pytest.mark.django_db
 def test_readyz_answers_within_its_deadline_when_the_database_hangs(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ops, "_check_database_sync", lambda: time.sleep(6))
+    monkeypatch.setattr(ops, "_check_database_sync", lambda *_trial: time.sleep(6))
     started = time.monotonic()
     res = Client().get("/readyz")
     assert time.monotonic() - started < ops.READY_TIMEOUT_SECONDS + 2

@@ -30,6 +30,16 @@ class Cluster:
     def token(self, username: str) -> str:
         return create_token(self.env, username)
 
+    def tokens(self, *usernames: str) -> dict[str, str]:
+        """A token for each user (created if missing), from one command instead of one each."""
+        script = (
+            "from sessions_app.tokens import get_or_create_user, issue_token\n"
+            f"for name in {list(usernames)!r}:\n"
+            "    print(name, issue_token(get_or_create_user(name, create=True), name='test')[1])\n"
+        )
+        out = manage(self.env, "shell", "-c", script).stdout
+        return dict(line.split(" ", 1) for line in out.strip().splitlines()[-len(usernames) :])
+
     def restart(self, index: int) -> ServerHandle:
         """A new process on the same port as server `index` (after it died)."""
         old = self.servers[index]
@@ -38,7 +48,7 @@ class Cluster:
         return self.servers[index]
 
     def query(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
-        with psycopg.connect(services._libpq(self.db_url)) as conn:
+        with psycopg.connect(services._libpq(self.db_url), connect_timeout=10) as conn:
             return conn.execute(sql, args).fetchall()
 
     def logs(self) -> str:
@@ -46,16 +56,24 @@ class Cluster:
 
 
 @contextmanager
-def cluster(log_dir: Path, processes: int, **extra: str) -> Iterator[Cluster]:
-    """Start `processes` servers on a fresh database; drop it afterwards."""
-    services.require_services()
-    db_url = services.create_database()
+def cluster(
+    log_dir: Path, processes: int, *, postgres_url: str | None = None, redis_url: str | None = None, **extra: str
+) -> Iterator[Cluster]:
+    """Start `processes` servers on a fresh database; drop it afterwards.
+
+    On the suite's PostgreSQL and Redis, or on the servers of `postgres_url` (its admin URL) and
+    `redis_url` (private instances a test restarts).
+    """
+    if postgres_url is None or redis_url is None:
+        services.require_services()
+    admin_url = postgres_url or services.POSTGRES_URL
+    db_url = services.create_database(admin_url)
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
     env.update(FAST_ENV)
     env.update(
         {
             "DATABASE_URL": db_url,
-            "REDIS_URL": services.REDIS_URL,
+            "REDIS_URL": redis_url or services.REDIS_URL,
             "PYTHONUNBUFFERED": "1",
             "REDIS_LAYER_PREFIX": f"agt{uuid.uuid4().hex[:8]}",
             **extra,
@@ -68,10 +86,21 @@ def cluster(log_dir: Path, processes: int, **extra: str) -> Iterator[Cluster]:
         for s in c.servers:
             s.wait_ready(30)
         yield c
+    except BaseException:
+        failed = True
+        raise
+    else:
+        failed = False
     finally:
         for s in c.servers:
             s.stop()
-        services.drop_database(db_url)
+        try:
+            services.drop_database(db_url, admin_url)
+        except Exception:
+            # A test that failed while its private server was stopped: its own failure is
+            # the one to see (the server and its database go away with the test anyway).
+            if not failed:
+                raise
 
 
 def contradictions(row: dict[str, Any]) -> list[str]:

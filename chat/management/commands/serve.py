@@ -4,6 +4,7 @@ graceful drain on SIGTERM/SIGINT."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 from typing import Any
 
@@ -13,11 +14,14 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 from twisted.internet import reactor
 
+from chat.runtime.availability import Unavailable
 from chat.runtime.gateway import runtime
 from chat.web.serving import header_deadline
 from chat.websocket.outbound import with_buffer_probe
 from gatewayproject.asgi import application
 from gatewayproject.logs import access_logger
+
+log = logging.getLogger(__name__)
 
 
 class Command(BaseCommand):
@@ -57,10 +61,29 @@ class Command(BaseCommand):
         )
 
         pending: set[asyncio.Future[None]] = set()  # keep start-up and drain tasks referenced
+        stopping = {"done": False}
 
         def keep(future: asyncio.Future[None]) -> None:
             pending.add(future)
             future.add_done_callback(pending.discard)
+
+        async def start_when_possible() -> None:
+            # A start that failed (the database or Redis away, or anything else) is tried again
+            # until it works; /readyz says unready meanwhile. Logged once, not at every try.
+            delay = 1.0
+            failed = False
+            while not stopping["done"]:
+                try:
+                    await runtime.ensure_started()
+                    if failed:
+                        log.info("the gateway runtime started after all")
+                    return
+                except Exception as exc:
+                    if not failed and not isinstance(exc, Unavailable):  # (an outage is logged by availability)
+                        log.exception("starting the gateway runtime failed; trying again until it starts")
+                    failed = True
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
 
         def start_runtime() -> None:
             # autobahn drops the TCP connection on a protocol failure by default (the
@@ -69,9 +92,7 @@ class Command(BaseCommand):
             server.ws_factory.setProtocolOptions(failByDrop=False)
             # slow headers (slowloris) are dropped instead of held open
             header_deadline(server.http_factory, settings.GATEWAY_HEADER_TIMEOUT_SECONDS, reactor)
-            keep(asyncio.ensure_future(runtime.ensure_started()))
-
-        stopping = {"done": False}
+            keep(asyncio.ensure_future(start_when_possible()))
 
         def on_signal(signum: int, frame: Any) -> None:
             if stopping["done"]:

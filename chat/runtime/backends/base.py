@@ -45,6 +45,11 @@ class RunContext:
     attachments: list[dict[str, Any]] = field(default_factory=list)
     transcript: list[dict[str, Any]] = field(default_factory=list)  # [{role, text, aborted}] oldest first
     timeout_ms: int = 600_000
+    # the session's settings when the run left the queue (docs/protocol-notes.md, "Session settings"):
+    # its chosen model ("" = the agent's own; the backend uses it only while the agent lists it) and
+    # its thinking level ("" = none chosen)
+    model: str = ""
+    thinking_level: str = ""
     # reported by the backend; the executor stores them with the run's end
     stop_reason: str = "stop"
     usage: dict[str, int] | None = None

@@ -46,6 +46,7 @@ from urllib.parse import urlsplit
 
 import openai
 
+from chat.runtime import catalog
 from chat.runtime.backends.base import AgentBackend, BackendError, BackendTimeout, DispatchError, RunContext
 from chat.runtime.tools.host import MAX_ARGUMENT_BYTES, ModelCall, ToolHost, ToolResult
 from chat.runtime.tools.servers import MODEL_NAME_RE, ToolServerError
@@ -79,6 +80,15 @@ CONTEXT_LENGTH_RE = re.compile(
     re.IGNORECASE,
 )
 CONTEXT_LENGTH_CODES = {"context_length_exceeded", "exceed_context_size_error", "string_above_max_length"}
+# A session's thinking level (OpenClaw's names) is sent as the request's `reasoning_effort`, under
+# the same word but for these: OpenAI's API refuses "max" (it goes up to "xhigh"), and `off` sends
+# none, since models that do not reason refuse the parameter (docs/agents.md).
+REASONING_EFFORT_RENAMED: dict[str, str | None] = {"off": None, "max": "xhigh"}
+
+
+def reasoning_effort(level: str) -> str | None:
+    """The `reasoning_effort` a thinking level is sent as, or None for none."""
+    return REASONING_EFFORT_RENAMED.get(level, level)
 
 
 @dataclass(frozen=True)
@@ -140,6 +150,9 @@ class AgentSettings:
         extra_body = config.get("extra_body")
         if extra_body is not None and not isinstance(extra_body, dict):
             raise ValueError(f"{where}: extra_body must be an object")
+        problem = catalog.models_error(config) or catalog.thinking_error(config)
+        if problem is not None:
+            raise ValueError(f"{where}: {problem}")
         base_url = optional_str("base_url") or DEFAULT_BASE_URL
         try:
             parts = urlsplit(base_url)
@@ -494,7 +507,7 @@ class OpenAIBackend(AgentBackend):
             api_key = settings.api_key(self.agent_id)
         except ValueError as exc:
             raise DispatchError(str(exc)) from exc
-        call = _Call(self.agent_id, settings, api_key, ctx)
+        call = _Call(self.agent_id, settings, api_key, ctx, self.config)
         try:
             await call.load_tools()
             await call.open(before_start=True)
@@ -507,10 +520,15 @@ class OpenAIBackend(AgentBackend):
 class _Call:
     """One run's request to the model: attempts, retries, timeouts and cleanup."""
 
-    def __init__(self, agent_id: str, settings: AgentSettings, api_key: str, ctx: RunContext) -> None:
+    def __init__(
+        self, agent_id: str, settings: AgentSettings, api_key: str, ctx: RunContext, config: dict[str, Any]
+    ) -> None:
         self.agent_id = agent_id
         self.settings = settings
         self.ctx = ctx
+        # what the session chose, as the catalog rules it (an override the agent no longer lists is not used)
+        self.model = catalog.session_model(config, ctx.model)
+        self.reasoning_effort = reasoning_effort(catalog.session_thinking(config, ctx.thinking_level))
         self.loop = asyncio.get_running_loop()
         # The run manager's budget (timeoutMs) started just before dispatch.
         self.budget_deadline = self.loop.time() + ctx.timeout_ms / 1000
@@ -571,7 +589,9 @@ class _Call:
 
     def _request(self) -> dict[str, Any]:
         s = self.settings
-        request: dict[str, Any] = {"model": s.model, "messages": self.messages, "stream": True}
+        request: dict[str, Any] = {"model": self.model, "messages": self.messages, "stream": True}
+        if self.reasoning_effort is not None:
+            request["reasoning_effort"] = self.reasoning_effort
         if self.tool_defs:
             request["tools"] = self.tool_defs
         if s.stream_usage:

@@ -176,6 +176,20 @@ def test_stop_ends_a_hanging_run(gateway_server: GatewayServer, open_page: Any, 
     expect(page.get_by_test_id("composer")).to_have_value("")  # a stopped run is not a failed send
 
 
+def test_status_is_answered_once(gateway_server: GatewayServer, open_page: Any, new_user: Callable[[], str]) -> None:
+    """The answer comes as a `chat` final, then in the ack and in history: the page shows it once."""
+    page = open_page(gateway_server, new_user())
+    send(page, "hello")
+    expect(messages(page, "assistant", "final")).to_have_text("echo: hello")
+    send(page, "/status")
+    answer = messages(page, "assistant").filter(has_text=f"Session {MAIN}")
+    expect(answer).to_have_count(1)
+    expect(messages(page, "user").filter(has_text="/status")).to_have_count(1)
+    page.wait_for_timeout(1000)  # the history reload after the ack: still once
+    expect(answer).to_have_count(1)
+    expect(messages(page, "assistant")).to_have_count(2)
+
+
 def test_a_command_whose_ack_was_lost_is_not_sent_again(
     gateway_server: GatewayServer, open_page: Any, new_user: Callable[[], str]
 ) -> None:
