@@ -106,7 +106,7 @@ class Supervisor:
         """
         interval = settings.GATEWAY_HEARTBEAT_SECONDS
         now = timezone.now()
-        if gap > 1.5 * interval:  # (late by less is jitter)
+        if gap > 2 * interval + OUTAGE_RETRY_SECONDS:  # (late by less is jitter: the window absorbs it)
             self.blind.append((now - timedelta(seconds=gap - interval), now))
         horizon = now - timedelta(seconds=settings.GATEWAY_RECOVERY_SECONDS + 3 * interval)
         while self.blind and self.blind[0][1] < horizon:

@@ -48,6 +48,7 @@ class RecoverResult:
     dead_processes: list[str] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)  # what was (or would be) ended
     ended: int = 0
+    heartbeats: dict[str, datetime] = field(default_factory=dict)  # the dead processes' last, when judged
 
     def as_dict(self) -> dict[str, Any]:
         return {"dryRun": self.dry_run, "deadProcesses": self.dead_processes, "runs": self.runs, "ended": self.ended}
@@ -58,6 +59,9 @@ def plan(exclude: str = "", blind: Blind = ()) -> RecoverResult:
     result = RecoverResult(dry_run=True, dead_processes=orphaned_owners(exclude, blind))
     if not result.dead_processes:
         return result
+    result.heartbeats = dict(
+        GatewayProcess.objects.filter(server_id__in=result.dead_processes).values_list("server_id", "heartbeat_at")
+    )
     rows = Run.objects.filter(state__in=ACTIVE_STATES, owner_process__in=result.dead_processes).order_by("pk")
     result.runs = [
         {
@@ -123,9 +127,7 @@ def sweep(self_id: str, blind: Blind = ()) -> SweepResult:
         grounds = [
             f"{server_id} (last heartbeat {(now - beat).total_seconds():.1f} s ago, "
             f"{blind_seconds(blind, beat):.1f} s of it unseen here)"
-            for server_id, beat in GatewayProcess.objects.filter(server_id__in=result.dead_processes).values_list(
-                "server_id", "heartbeat_at"
-            )
+            for server_id, beat in result.heartbeats.items()
         ]
         log.warning("ended %d runs of dead processes: %s", result.ended, "; ".join(grounds) or result.dead_processes)
     return SweepResult(ended=result.ended, forgotten=forget_dead_processes())
