@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.openclaw import InstallError, npm_install
 from tests.support.servers import ServerHandle, create_token, prepare_database, start_server
 
 pytestmark = pytest.mark.server
@@ -49,24 +50,12 @@ def node_modules(request: pytest.FixtureRequest) -> Path:
         prefix = Path(tempfile.gettempdir()) / f"agentgate-{PACKAGE}-{VERSION}"
         prefix.mkdir(exist_ok=True)
     if not _installed(prefix):
-        (prefix / "package.json").write_text(json.dumps({"name": "agentgate-node-tests", "private": True}))
-        proc = subprocess.run(
-            [
-                npm,
-                "install",
-                "--no-audit",
-                "--no-fund",
-                "--no-package-lock",
-                "--prefix",
-                str(prefix),
-                f"{PACKAGE}@{VERSION}",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
-        if proc.returncode != 0 or not _installed(prefix):
-            pytest.skip(f"could not install {PACKAGE}@{VERSION} from the npm registry: {proc.stderr[-500:]}")
+        try:
+            npm_install(npm, prefix, f"{PACKAGE}@{VERSION}", dict(os.environ), timeout=180)
+        except InstallError as exc:
+            pytest.skip(f"could not install {PACKAGE}@{VERSION} from the npm registry: {exc}")
+        if not _installed(prefix):
+            pytest.skip(f"could not install {PACKAGE}@{VERSION} from the npm registry: no such package after install")
     return prefix / "node_modules"
 
 

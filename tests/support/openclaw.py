@@ -81,7 +81,10 @@ def _package_version(package: Path) -> str | None:
         return None
 
 
-def _npm_install(npm: str, prefix: Path, spec: str, env: dict[str, str], *flags: str) -> None:
+def npm_install(
+    npm: str, prefix: Path, spec: str, env: dict[str, str], *flags: str, timeout: float = INSTALL_TIMEOUT
+) -> None:
+    """`npm install SPEC` into its own folder (no lock file, no audit); InstallError if it fails."""
     prefix.mkdir(parents=True, exist_ok=True)
     (prefix / "package.json").write_text(json.dumps({"name": "agentgate-openclaw-tests", "private": True}))
     try:
@@ -89,11 +92,11 @@ def _npm_install(npm: str, prefix: Path, spec: str, env: dict[str, str], *flags:
             [npm, "install", "--no-audit", "--no-fund", "--no-package-lock", *flags, "--prefix", str(prefix), spec],
             capture_output=True,
             text=True,
-            timeout=INSTALL_TIMEOUT,
+            timeout=timeout,
             env=env,
         )
     except subprocess.TimeoutExpired as exc:
-        raise InstallError(f"npm install {spec} took longer than {INSTALL_TIMEOUT}s") from exc
+        raise InstallError(f"npm install {spec} took longer than {timeout}s") from exc
     if proc.returncode != 0:
         raise InstallError(f"npm install {spec} failed ({proc.returncode}): {proc.stderr[-800:]}")
 
@@ -117,7 +120,7 @@ def install(prefix: Path) -> OpenClaw:
 def _install(prefix: Path, npm: str) -> OpenClaw:
     node = prefix / "node" / "node_modules" / "node" / "bin" / "node"
     if _node_version(node) != f"v{NODE_VERSION}":
-        _npm_install(npm, prefix / "node", f"node@{NODE_VERSION}", dict(os.environ))
+        npm_install(npm, prefix / "node", f"node@{NODE_VERSION}", dict(os.environ))
         found = _node_version(node)
         if found != f"v{NODE_VERSION}":
             raise InstallError(f"npm install node@{NODE_VERSION} gave {node} answering {found!r}")
@@ -127,7 +130,7 @@ def _install(prefix: Path, npm: str) -> OpenClaw:
         # (a package-manager warning, bundled-plugin setup) are not needed by the clients, and
         # newer npm skips them anyway: never run them, so every npm installs the same files.
         env = {**os.environ, "PATH": f"{node.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-        _npm_install(npm, prefix / "openclaw", f"openclaw@{OPENCLAW_VERSION}", env, "--ignore-scripts")
+        npm_install(npm, prefix / "openclaw", f"openclaw@{OPENCLAW_VERSION}", env, "--ignore-scripts")
         if _package_version(package) != OPENCLAW_VERSION:
             raise InstallError(f"npm install openclaw@{OPENCLAW_VERSION} left no such package in {package}")
     oc = OpenClaw(node=node, package=package)
