@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from .server import CHROMIUM, CHROMIUM_ARGS, PASSWORD, GatewayServer
+from .server import CHROMIUM, PASSWORD, GatewayServer, launched_chromium
 
 USERS = 60
 # A second agent, so the page offers a choice of agent for a new chat.
@@ -69,15 +69,8 @@ def chromium() -> Iterator[Any]:
     Module scope: stopping Playwright after each module releases its event loop, so
     asyncio tests that run later in the same pytest process are not disturbed.
     """
-    from playwright.sync_api import sync_playwright
-
-    pw = sync_playwright().start()
-    browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-    try:
+    with launched_chromium() as browser:
         yield browser
-    finally:
-        browser.close()
-        pw.stop()
 
 
 @pytest.fixture

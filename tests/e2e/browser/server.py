@@ -10,7 +10,10 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from tests.support.servers import ServerHandle, free_port, manage, start_server
 
@@ -29,6 +32,20 @@ CHROMIUM_ARGS = [
     "--disable-backgrounding-occluded-windows",
 ]
 PASSWORD = "browser-pass-1234"
+
+
+@contextmanager
+def launched_chromium() -> Iterator[Any]:
+    """Debian's Chromium under Playwright's sync API, closed (and Playwright stopped) afterwards."""
+    from playwright.sync_api import sync_playwright  # only the browser tests need the package
+
+    pw = sync_playwright().start()
+    browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    try:
+        yield browser
+    finally:
+        browser.close()
+        pw.stop()
 
 
 class GatewayServer:

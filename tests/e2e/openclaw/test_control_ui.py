@@ -13,6 +13,7 @@ split the module).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import time
@@ -21,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.browser.server import CHROMIUM, CHROMIUM_ARGS
+from tests.e2e.browser.server import CHROMIUM, launched_chromium
 from tests.e2e.openclaw.conftest import OpenClawServer, need
 from tests.support.openclaw import Gateway, OpenClaw, StaticSite, control_ui_seed, error_lines, wait_for
 
@@ -47,18 +48,9 @@ def site(openclaw: OpenClaw, oc_server: OpenClawServer) -> Iterator[StaticSite]:
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     need(os.path.exists(CHROMIUM), f"{CHROMIUM} is needed for the Control UI (apt-get install chromium)")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        need(False, "the playwright package is needed for the Control UI")
-        raise
-    pw = sync_playwright().start()
-    chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-    try:
+    need(importlib.util.find_spec("playwright") is not None, "the playwright package is needed for the Control UI")
+    with launched_chromium() as chromium:
         yield chromium
-    finally:
-        chromium.close()
-        pw.stop()
 
 
 class ControlUi:
