@@ -10,6 +10,9 @@ Usage (from the repository root; the database is created and migrated):
     .venv/bin/python bench/admin_scale.py --sessions 100000 --runs 1000000 \
         --database-url postgres://postgres@127.0.0.1:5432/agentgate_scale
 
+With --keys N, N API keys are added (once) among the seeded users and the API keys admin is
+measured too (its list, filters, search, a deep page, a key's page).
+
 Prints one line per measurement and, with --json FILE, writes them all to FILE.
 On PostgreSQL each list query's plan is checked for sequential scans of the runs and
 sessions tables. Only with --mutate are recover_runs and prune run (they change data;
@@ -31,12 +34,48 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def seed_keys(count: int) -> None:
+    """`count` API keys among the seeded users, in batches: mostly the default scopes, some read-only,
+    a few with admin; one in ten revoked; most used. Only their rows: a bench has no use for the raw keys."""
+    import hashlib
+    import random
+
+    from django.contrib.auth import get_user_model
+    from django.utils import timezone
+
+    from sessions_app.models import ApiToken
+
+    rng = random.Random(28)
+    users = list(get_user_model().objects.values_list("pk", flat=True))
+    now = timezone.now()
+    start = ApiToken.objects.count()
+    for first in range(0, count, 5000):
+        rows = []
+        for n in range(start + first, start + min(count, first + 5000)):
+            digest = hashlib.sha256(f"bench-key-{n}".encode()).hexdigest()
+            kind = rng.random()
+            scopes = ["read"] if kind < 0.2 else ["read", "write", "approvals", "admin"] if kind > 0.99 else None
+            rows.append(
+                ApiToken(
+                    user_id=rng.choice(users),
+                    name=f"bench {n}",
+                    prefix=f"agt_{digest[:8]}",
+                    token_hash=digest,
+                    scopes=scopes or ["read", "write", "approvals"],
+                    last_used_at=now if rng.random() < 0.7 else None,
+                    revoked_at=now if rng.random() < 0.1 else None,
+                )
+            )
+        ApiToken.objects.bulk_create(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sessions", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=1_000_000)
     parser.add_argument("--db", default=None, help="SQLite file to create (overwritten)")
     parser.add_argument("--database-url", default=None, help="a PostgreSQL database to seed once and keep")
+    parser.add_argument("--keys", type=int, default=0, help="API keys to add and measure the keys admin with")
     parser.add_argument("--mutate", action="store_true", help="also run recover_runs and prune (changes data)")
     parser.add_argument("--repeat", type=int, default=5, help="requests per page (median reported)")
     parser.add_argument("--json", dest="json_out", default=None)
@@ -66,8 +105,8 @@ def main() -> None:
     from django.test.utils import CaptureQueriesContext, setup_test_environment
 
     from sessions_app import operator_reads
-    from sessions_app.models import ChatSession, Run
-    from sessions_app.operations import doctor, retention
+    from sessions_app.models import ApiToken, ChatSession, Run
+    from sessions_app.operations import doctor, prune
 
     results: dict[str, Any] = {"sessions": args.sessions, "runs": args.runs}
 
@@ -94,7 +133,16 @@ def main() -> None:
         if postgres:
             with connection.cursor() as cursor:
                 cursor.execute("VACUUM ANALYZE")
+    if args.keys and ApiToken.objects.count() < args.keys:
+        started = time.perf_counter()
+        seed_keys(args.keys - ApiToken.objects.count())
+        report("seed keys", seconds=round(time.perf_counter() - started, 1))
+        if postgres:
+            with connection.cursor() as cursor:
+                cursor.execute("VACUUM ANALYZE sessions_app_apitoken")
     report("rows", sessions=ChatSession.objects.count(), runs=Run.objects.count())
+    if args.keys:
+        report("key rows", keys=ApiToken.objects.count())
 
     setup_test_environment()
     from django.contrib.auth import get_user_model
@@ -128,10 +176,26 @@ def main() -> None:
         "run changelist search": f"{runs_url}?q={run.run_id}",
         "run detail": f"{runs_url}{run.pk}/change/",
     }
+    if args.keys:
+        keys_url = "/admin/sessions_app/apitoken/"
+        key = ApiToken.objects.order_by("pk")[args.keys // 2 : args.keys // 2 + 1].get()
+        pages.update(
+            {
+                "key changelist": keys_url,
+                "key changelist ?state=active": f"{keys_url}?state=active",
+                "key changelist ?state=revoked": f"{keys_url}?state=revoked",
+                "key changelist ?scope=admin": f"{keys_url}?scope=admin",
+                "key changelist ?scope=read-only": f"{keys_url}?scope=read-only",
+                "key changelist deep page": f"{keys_url}?p={max(1, min(1000, args.keys // 50))}",
+                "key changelist search prefix": f"{keys_url}?q={key.prefix}",
+                "key changelist search user": f"{keys_url}?q=seed-user-7",
+                "key detail": f"{keys_url}{key.pk}/change/",
+            }
+        )
 
     def full_scan(step: str) -> bool:
         if postgres:
-            return "Seq Scan on sessions_app_run" in step or "Seq Scan on sessions_app_chatsession" in step
+            return any(f"Seq Scan on sessions_app_{table}" in step for table in ("run", "chatsession", "apitoken"))
         return step.startswith("SCAN") and "USING" not in step
 
     for name, url in pages.items():
@@ -201,9 +265,9 @@ def main() -> None:
         stuck_after=operator_reads.stuck_sessions().count(),
     )
 
-    candidates = retention.count_candidates(60)
+    candidates = prune.count_candidates(60)
     started = time.perf_counter()
-    pruned = retention.prune_sessions(older_than_days=60)
+    pruned = prune.prune_sessions(older_than_days=60)
     seconds = time.perf_counter() - started
     report(
         "prune_sessions --older-than-days 60",

@@ -14,7 +14,9 @@ Django, no database, no channel layer, just the frames. The subset:
 - `chat.send` again with a finished idempotencyKey -> ack `ok` with the reply, from
   an in-memory dict; with a different message -> `CONFLICT`; while running -> `in_flight`.
 
-    .venv/bin/python bench/floor_server.py --port 8765
+With `--http-port`, the HTTP floor (`bench/floor_http.py`: `POST /v1/chat/completions`) too.
+
+    .venv/bin/python bench/floor_server.py --port 8765 [--http-port 8766]
 """
 
 from __future__ import annotations
@@ -26,13 +28,19 @@ import json
 import os
 import re
 import secrets
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import floor_http
 
 DIRECTIVE_RE = re.compile(r"\[\[(delay|tick|words|fail|hang)(?::([A-Za-z0-9]+))?\]\]")
 DELTA_INTERVAL = int(os.environ.get("GATEWAY_DELTA_INTERVAL_MS", "50")) / 1000
@@ -279,10 +287,15 @@ class Floor:
         await self.changed(user, session, "run.completed", run_id, False)
 
 
-async def main(host: str, port: int) -> None:
+async def main(host: str, port: int, http_port: int = 0) -> None:
     floor = Floor()
     async with serve(floor.handler, host, port, max_size=2**20, ping_interval=None, compression=None):
         print(f"floor listening on ws://{host}:{port}/", flush=True)
+        if http_port:  # the HTTP floor (bench/floor_http.py) beside it, in this process
+            http = await asyncio.start_server(floor_http.handle, host, http_port)
+            print(f"HTTP floor listening on http://{host}:{http_port}/v1", flush=True)
+            async with http:
+                await asyncio.Future()
         await asyncio.Future()
 
 
@@ -290,6 +303,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--http-port", type=int, default=0, help="also serve the HTTP floor on this port")
     args = parser.parse_args()
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(main(args.host, args.port))
+        asyncio.run(main(args.host, args.port, args.http_port))

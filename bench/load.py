@@ -17,13 +17,17 @@ import asyncio
 import contextlib
 import itertools
 import json
+import math
+import os
 import secrets
+import signal
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import websockets
 from websockets.asyncio.client import ClientConnection
@@ -31,6 +35,7 @@ from websockets.exceptions import ConnectionClosed
 
 TERMINAL = ("final", "error", "aborted")
 TURN_MESSAGE = "[[tick:0]] the quick brown fox jumps"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _ids = itertools.count(1)
 
 
@@ -43,9 +48,21 @@ class Target:
     tokens: dict[str, str]
     pids: list[int] = field(default_factory=list)
     long_key: str = "agent:main:long"
+    # where the HTTP API is (`http://host:port`); by default the WebSocket URLs' hosts
+    http_bases: list[str] = field(default_factory=list)
+    profiled: bool = False  # the server runs under bench/profile_serve.py: `mark` its timed windows
+    # running totals (CPU seconds, statements, commands…) read at a timed window's edges: the
+    # scenario adds each one's change per turn (`<key>_per_turn`) and per second (`<key>_per_s`)
+    meter: Callable[[], dict[str, float]] | None = None
 
     def url(self, i: int) -> str:
         return self.urls[i % len(self.urls)]
+
+    def http_base(self, i: int) -> str:
+        if self.http_bases:
+            return self.http_bases[i % len(self.http_bases)]
+        parsed = urlparse(self.url(i))
+        return f"{'https' if parsed.scheme == 'wss' else 'http'}://{parsed.netloc}"
 
     def token(self, user: str) -> str:
         return self.tokens[user]
@@ -58,6 +75,23 @@ class Target:
                 if line.startswith("VmRSS:"):
                     total += int(line.split()[1]) / 1024
         return total
+
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system, all threads) the server process(es) have used so far, from
+        /proc/<pid>/stat; NaN when no process is known (a `--target` given without its pid)."""
+        if not self.pids:
+            return math.nan
+        total = 0.0
+        for pid in self.pids:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
+        return total
+
+    def mark(self, opening: bool) -> None:
+        """Open (SIGUSR1) or close (SIGUSR2) a timed window of a profiled server's profile."""
+        if self.profiled:
+            for pid in self.pids:
+                os.kill(pid, signal.SIGUSR1 if opening else signal.SIGUSR2)
 
 
 def pct(values: Sequence[float], p: float) -> float:
@@ -238,8 +272,9 @@ async def turns(
     target: Target, conns: int, seconds: float, *, one_user: str | None = None, message: str = TURN_MESSAGE
 ) -> dict[str, float]:
     """Each connection sends turn after turn in its own session for `seconds`: complete turns/s,
-    new-run ack p50/p99 (ms), slowest turn (s). `message` is what each turn sends (a tool turn's
-    directive, say: the floor server just echoes it)."""
+    new-run ack p50/p99 (ms), slowest turn (s), and the server's CPU per turn (ms: its process's
+    CPU time over the timed turns, the load client's own outside it). `message` is what each turn
+    sends (a tool turn's directive, say: the floor server just echoes it)."""
     clients = await open_many(target, users_for(conns, one_user))
     tag = new_key("t")
     try:
@@ -247,6 +282,9 @@ async def turns(
         await asyncio.gather(*(c.turn(f"{tag}-s{i}", new_key(tag), message) for i, c in enumerate(clients)))
         acks: list[float] = []
         durations: list[float] = []
+        target.mark(True)
+        counted = target.meter() if target.meter else {}
+        cpu = target.cpu_seconds()
         start = time.perf_counter()
         deadline = start + seconds
 
@@ -258,14 +296,25 @@ async def turns(
 
         await asyncio.gather(*(loop(i, c) for i, c in enumerate(clients)))
         elapsed = time.perf_counter() - start
+        cpu = target.cpu_seconds() - cpu
+        after = target.meter() if target.meter else {}
+        target.mark(False)
     finally:
         await close_all(clients)
-    return {
-        "turns_per_s": len(durations) / elapsed,
+    done = len(durations)
+    out = {
+        "turns": float(done),
+        "turns_per_s": done / elapsed,
         "ack_p50_ms": pct(acks, 50) * 1000,
         "ack_p99_ms": pct(acks, 99) * 1000,
         "turn_max_s": max(durations, default=float("nan")),
+        "cpu_ms_per_turn": cpu * 1000 / max(1, done),
     }
+    for key, value in counted.items():
+        if key in after:
+            out[f"{key}_per_turn"] = (after[key] - value) / max(1, done)
+            out[f"{key}_per_s"] = (after[key] - value) / elapsed
+    return out
 
 
 # one read-only call of the built-in demo MCP server per turn (TOOLS.md §13.8), no approval

@@ -1,20 +1,30 @@
 """`make bench`: the gateway beside a bare `websockets` floor server, one table of figures.
 
-Starts what it measures: the floor (`bench/floor_server.py`) and one `manage.py serve`
+Starts what it measures: the floor (`bench/floor_server.py`, serving the HTTP floor
+`bench/floor_http.py` beside it for the HTTP rows of `bench/http_load.py`) and one `manage.py serve`
 on the embedded defaults (a fresh SQLite file in a temporary folder, the in-memory
 channel layer, the scripted agent) with the per-connection rate limit lifted
 (GATEWAY_RATE_PER_SEC=100000). Users, tokens and a 10,000-message session are
 bulk-inserted first (`bench/seed.py`). Every scenario runs against the floor and
 then the gateway, `--repeat` times, interleaved, so both see the same machine; the
 table shows min/median/max of each, the ratio of the medians and the target from
-issue 9. When PostgreSQL (127.0.0.1:5432, user postgres) and Redis (127.0.0.1:6379)
-answer, a last row compares one gateway process with two behind the same clients.
+issue 9. The turns scenarios also measure the server's CPU per turn, and the HTTP rows set
+it against the WebSocket's (issue 28). The last rows run the same turns on PostgreSQL + Redis
+(`bench/pg_rows.py`, issue 29): one process beside the embedded one in each repeat, with what
+the servers counted (statements, transactions, Redis commands, their CPU); one process against
+two; 200 streams over two. The services are a private PostgreSQL and Redis started for the run
+when their programs are installed (`--services private`), else BENCH_POSTGRES_URL and
+BENCH_REDIS_URL (`--services external`; 127.0.0.1:5432, user postgres, and 127.0.0.1:6379).
 
-    .venv/bin/python bench/run.py                  # the full table (about 6 minutes on 2 cores)
+    .venv/bin/python bench/run.py                  # the full table (about 7 minutes on 2 cores)
     .venv/bin/python bench/run.py --smoke          # about 10 s, tiny counts: checks it all still works
     .venv/bin/python bench/run.py --only turns_10,resend_10 --json out.json
+    .venv/bin/python bench/run.py --only pg --repeat 5      (the PostgreSQL + Redis rows, and turns_10 beside them)
     .venv/bin/python bench/run.py --target ws://127.0.0.1:8000/ws/gateway --target-pid PID --only turns_10
       (an already-running gateway; its DATABASE_URL must be in the environment so users can be seeded)
+    .venv/bin/python bench/run.py --only http_turns_10 --no-floor --profile DIR
+      (the gateway under cProfile, every thread, its timed turns only: DIR/gateway.prof;
+       bench/profile_report.py DIR/gateway.prof --turns N reads it, N the `turns` of the --json file)
 """
 
 from __future__ import annotations
@@ -23,13 +33,11 @@ import argparse
 import asyncio
 import contextlib
 import json
-import math
 import os
 import resource
 import secrets
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,12 +52,13 @@ from urllib.parse import urlparse
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench import load  # noqa: E402
+from bench import http_load, load, pg_rows, scaleout  # noqa: E402
 from bench.load import Target  # noqa: E402
+from bench.table import Results, Row, render  # noqa: E402
 
 PYTHON = sys.executable
-PG_URL = os.environ.get("BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
-REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+PG_URL = scaleout.PG_URL
+REDIS_URL = scaleout.REDIS_URL
 
 
 @dataclass
@@ -68,6 +77,7 @@ class Config:
     long_messages: int = 10_000
     pg_conns: int = 20
     idle_seconds: float = 1.0
+    http_conns: int = 10
 
     @classmethod
     def smoke(cls) -> Config:
@@ -86,6 +96,7 @@ class Config:
             stream_watchers=2,
             long_messages=200,
             pg_conns=2,
+            http_conns=3,
         )
 
 
@@ -98,6 +109,8 @@ def scenarios(cfg: Config) -> dict[str, Scenario]:
     return {
         "turns_1": lambda t: load.turns(t, c1, s),
         "turns_10": lambda t: load.turns(t, c10, s),
+        # right after turns_10, so each repeat's CPU per turn is set against the WebSocket's on a like machine
+        **http_load.scenarios(cfg.http_conns, s),
         "turns_50": lambda t: load.turns(t, c50, s),
         "fanout": lambda t: load.turns(t, cfg.fanout, s, one_user="benchfan"),
         "ack_one_user": lambda t: load.turns(t, cfg.ack_one_user, s, one_user="benchfan"),
@@ -109,19 +122,6 @@ def scenarios(cfg: Config) -> dict[str, Scenario]:
         "stream": lambda t: load.streaming(t, cfg.stream_runs, cfg.stream_words, cfg.stream_tick, cfg.stream_watchers),
         "long_session": lambda t: load.long_session(t, s),
     }
-
-
-@dataclass
-class Row:
-    """One line of the table: `scenario`'s `metric`, with a target check on the gateway's medians."""
-
-    row: str
-    label: str
-    scenario: str
-    metric: str
-    target: str = "-"
-    check: Callable[[Callable[[str, str], float]], bool] | None = None
-    fmt: str = "{:.1f}"
 
 
 def rows(cfg: Config) -> list[Row]:
@@ -273,6 +273,7 @@ def rows(cfg: Config) -> list[Row]:
             lambda m: m("long_session", "long_over_new") <= 1.5,
             "{:.2f}",
         ),
+        *http_load.rows(cfg.http_conns),
     ]
 
 
@@ -376,24 +377,30 @@ def seed(env: dict[str, str], users: int, long_messages: int) -> dict[str, Any]:
     return seeded
 
 
-def start_gateway(procs: Processes, env: dict[str, str], name: str) -> tuple[str, int]:
+def start_gateway(procs: Processes, env: dict[str, str], name: str, profile: str = "") -> tuple[str, int]:
+    """A gateway process (under cProfile, its stats written to `profile` when it stops, if given)."""
     port = free_port()
-    proc, log = procs.spawn([PYTHON, "manage.py", "serve", "--host", "127.0.0.1", "--port", str(port)], env, name)
+    serve = ["bench/profile_serve.py", profile] if profile else ["manage.py"]
+    proc, log = procs.spawn([PYTHON, *serve, "serve", "--host", "127.0.0.1", "--port", str(port)], env, name)
     wait_ready(port, proc, log)
     return f"ws://127.0.0.1:{port}/ws/gateway", proc.pid
 
 
-def start_floor(procs: Processes) -> tuple[str, int]:
-    port = free_port()
-    proc, log = procs.spawn([PYTHON, "bench/floor_server.py", "--port", str(port)], dict(os.environ), "floor")
+def start_floor(procs: Processes) -> tuple[str, str, int]:
+    """The floor process: its WebSocket URL, its HTTP API base (bench/floor_http.py) and its pid."""
+    port, http_port = free_port(), free_port()
+    args = [PYTHON, "bench/floor_server.py", "--port", str(port), "--http-port", str(http_port)]
+    proc, log = procs.spawn(args, dict(os.environ), "floor")
     wait_port(port, proc, log)
-    return f"ws://127.0.0.1:{port}/", proc.pid
+    wait_port(http_port, proc, log)
+    return f"ws://127.0.0.1:{port}/", f"http://127.0.0.1:{http_port}", proc.pid
 
 
-# --- PostgreSQL + Redis: one process against two -------------------------------------------------------
+# --- PostgreSQL + Redis (bench/pg_rows.py) ------------------------------------------------------------
 
 
 def services_reachable() -> bool:
+    """Whether BENCH_POSTGRES_URL and BENCH_REDIS_URL answer (the external services)."""
     for url, port in ((PG_URL, 5432), (REDIS_URL, 6379)):
         parsed = urlparse(url)
         try:
@@ -404,98 +411,90 @@ def services_reachable() -> bool:
     return True
 
 
-async def pg_row(procs: Processes, cfg: Config) -> dict[str, Any]:
-    """turns/s of `pg_conns` connections (each its own user) on one process, then split over two."""
-    import psycopg
+@dataclass
+class PgCluster:
+    """Gateway processes on PostgreSQL + Redis (a fresh database), and what the servers count."""
 
-    name = f"agentgate_bench_{secrets.token_hex(5)}"
-    with psycopg.connect(PG_URL, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    db_url = urlparse(PG_URL)._replace(path=f"/{name}").geturl()
+    svc: scaleout.Services
+    db_url: str
+    tokens: dict[str, str]
+    gateways: list[tuple[str, int]]
+    meter: scaleout.Meter
+
+    def target(self, name: str, count: int) -> Target:
+        """The first `count` gateways, their CPU and the servers' counters metered."""
+        urls = [url for url, _ in self.gateways[:count]]
+        pids = [pid for _, pid in self.gateways[:count]]
+        return Target(name, urls, self.tokens, pids, meter=self.meter.reader(pids))
+
+
+def start_pg_cluster(
+    procs: Processes, stack: contextlib.ExitStack, svc: scaleout.Services, users: int, count: int
+) -> PgCluster:
+    """A fresh database on `svc`, migrated and seeded, and `count` gateway processes on it with
+    `svc`'s Redis; all stopped (the database dropped) when `stack` closes."""
+    db_url = svc.new_database()
+    stack.callback(svc.drop_database, db_url)
+    env = gateway_env(db_url, REDIS_URL=svc.redis_url, REDIS_LAYER_PREFIX=f"bench{secrets.token_hex(4)}")
+    manage(env, "migrate", "--noinput", "-v0")
+    seeded = seed(env, users, 0)
+    gateways: list[tuple[str, int]] = []
     started: list[subprocess.Popen[bytes]] = []
-    try:
-        env = gateway_env(db_url, REDIS_URL=REDIS_URL, REDIS_LAYER_PREFIX=f"bench{secrets.token_hex(4)}")
-        manage(env, "migrate", "--noinput", "-v0")
-        seeded = seed(env, cfg.pg_conns, 0)
-        n_before = len(procs.procs)
-        url_a, pid_a = start_gateway(procs, env, "gateway-pg-a")
-        url_b, pid_b = start_gateway(procs, env, "gateway-pg-b")
-        started = procs.procs[n_before:]
-        one = Target("pg-one", [url_a], seeded["tokens"], [pid_a])
-        two = Target("pg-two", [url_a, url_b], seeded["tokens"], [pid_a, pid_b])
-        ones: list[float] = []
-        twos: list[float] = []
-        for _ in range(cfg.repeat):
-            ones.append((await load.turns(one, cfg.pg_conns, cfg.seconds))["turns_per_s"])
-            twos.append((await load.turns(two, cfg.pg_conns, cfg.seconds))["turns_per_s"])
-        return {"one": ones, "two": twos}
-    finally:
+
+    def stop_started() -> None:  # before the database is dropped and the services stop (the stack unwinds)
         for proc in started:
             procs.stop(proc)
-        with contextlib.suppress(Exception), psycopg.connect(PG_URL, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    stack.callback(stop_started)
+    for i in range(count):
+        n_before = len(procs.procs)
+        try:
+            gateways.append(start_gateway(procs, env, f"gateway-pg-{i}"))
+        finally:
+            started += procs.procs[n_before:]
+    meter = scaleout.Meter(svc, db_url)
+    stack.callback(meter.close)
+    return PgCluster(svc, db_url, seeded["tokens"], gateways, meter)
 
 
-# --- the table --------------------------------------------------------------------------------------------
+def pin_gateways(cluster: PgCluster) -> Callable[[], None]:
+    """Each of the first two gateways on a CPU of its own, the way one process per core is deployed;
+    the private servers and this load client on the CPUs left, when there are any (with two CPUs
+    there are none: they run where the kernel finds room, beside the gateways). Returns the undoing."""
+    cpus = scaleout.ALL_CPUS
+    mine = os.sched_getaffinity(0)
+    if len(cpus) < 2:
+        return lambda: None
+    for cpu, (_, pid) in zip(cpus, cluster.gateways[:2], strict=False):
+        scaleout.pin(pid, {cpu})
+    if cpus[2:]:
+        cluster.svc.pin(cpus[2:])
+        scaleout.pin(os.getpid(), cpus[2:])
+
+    def undo() -> None:
+        for _, pid in cluster.gateways:
+            scaleout.pin(pid, cpus)
+        cluster.svc.pin(cpus)
+        scaleout.pin(os.getpid(), mine)
+
+    return undo
 
 
-def triple(values: list[float], fmt: str) -> str:
-    if not values:
-        return "n/a"
-    return " / ".join(fmt.format(v) for v in (min(values), statistics.median(values), max(values)))
-
-
-def render(
-    cfg: Config, results: dict[str, dict[str, list[dict[str, float]]]], pg: dict[str, Any] | str, only: set[str] | None
-) -> tuple[str, bool]:
-    def values(side: str, scenario: str, metric: str) -> list[float]:
-        return [r[metric] for r in results.get(side, {}).get(scenario, []) if metric in r]
-
-    def med(scenario: str, metric: str) -> float:
-        vals = values("agentgate", scenario, metric)
-        return statistics.median(vals) if vals else math.nan
-
-    header = ["row", "measure", "floor min/med/max", "agentgate min/med/max", "ratio", "target", "met?"]
-    table: list[list[str]] = []
-    all_met = True
-    for row in rows(cfg):
-        if only is not None and row.scenario not in only:
-            continue
-        floor, gate = values("floor", row.scenario, row.metric), values("agentgate", row.scenario, row.metric)
-        ratio = "-"
-        if floor and gate and statistics.median(floor):
-            ratio = f"{statistics.median(gate) / statistics.median(floor):.2f}x"
-        met = "-"
-        if row.check is not None and gate:
-            try:
-                ok = row.check(med)
-            except (KeyError, ValueError):
-                ok = False
-            met = "yes" if ok else "NO"
-            all_met = all_met and ok
-        table.append([row.row, row.label, triple(floor, row.fmt), triple(gate, row.fmt), ratio, row.target, met])
-    if only is None or "pg" in only:
-        if isinstance(pg, str):
-            table.append(["pg_two_procs", "PostgreSQL+Redis turns/s, 2 procs / 1 proc", "-", pg, "-", ">= 1.6x", "-"])
-        else:
-            one, two = pg["one"], pg["two"]
-            gain = statistics.median(two) / statistics.median(one)
-            table.append(
-                [
-                    "pg_two_procs",
-                    f"PostgreSQL+Redis turns/s, {cfg.pg_conns} conns, 1 proc -> 2 procs",
-                    "-",
-                    f"{triple(one, '{:.0f}')} -> {triple(two, '{:.0f}')}",
-                    f"{gain:.2f}x",
-                    ">= 1.6x",
-                    "yes" if gain >= 1.6 else "NO",
-                ]
-            )
-    widths = [max(len(header[i]), *(len(r[i]) for r in table)) for i in range(len(header))]
-    lines = [" | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
-    lines.append("-+-".join("-" * w for w in widths))
-    lines += [" | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in table]
-    return "\n".join(lines), all_met
+async def timed(rep: int, name: str, target: Target, scenario: Scenario) -> dict[str, float]:
+    """Run one scenario on one target: its figures, or {} (reported) when it failed."""
+    t0 = time.perf_counter()
+    try:
+        result = await scenario(target)
+    except Exception as exc:
+        print(f"  [{rep + 1}] {name} on {target.name} FAILED: {exc!r}", file=sys.stderr, flush=True)
+        result = {}
+    shown = ", ".join(f"{k}={v:.4g}" for k, v in result.items() if not k.endswith("_per_s") or k == "turns_per_s")
+    print(
+        f"  [{rep + 1}] {name:<13} {target.name:<9} {time.perf_counter() - t0:5.1f} s  {shown}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return result
 
 
 # --- main -------------------------------------------------------------------------------------------------
@@ -508,9 +507,6 @@ def raise_fd_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 65536) if hard > 0 else 65536, hard))
 
 
-Results = dict[str, dict[str, list[dict[str, float]]]]
-
-
 def config(args: argparse.Namespace) -> Config:
     cfg = Config.smoke() if args.smoke else Config()
     if args.repeat:
@@ -520,29 +516,44 @@ def config(args: argparse.Namespace) -> Config:
     return cfg
 
 
-async def measure(args: argparse.Namespace, cfg: Config) -> tuple[Results, dict[str, Any] | str]:
-    """Start the servers, run every chosen scenario on both, `cfg.repeat` times; stop them."""
+async def measure(args: argparse.Namespace, cfg: Config) -> tuple[Results, dict[str, str]]:
+    """Start the servers, run every chosen scenario on both, `cfg.repeat` times; stop them. The
+    PostgreSQL + Redis scenarios run beside them (`bench/pg_rows.py`); what of them did not run, and why."""
     all_scenarios = scenarios(cfg)
     only = set(args.only.split(",")) if args.only else None
     if only is not None:
-        unknown = only - set(all_scenarios) - {"pg"}
+        unknown = only - set(all_scenarios) - {"pg", *pg_rows.SCENARIOS}
         if unknown:
-            print(
-                f"unknown scenario(s): {', '.join(sorted(unknown))}; known: {', '.join(all_scenarios)}, pg",
-                file=sys.stderr,
-            )
+            known = ", ".join([*all_scenarios, "pg", *pg_rows.SCENARIOS])
+            print(f"unknown scenario(s): {', '.join(sorted(unknown))}; known: {known}", file=sys.stderr)
             raise SystemExit(2)
-    chosen = {k: v for k, v in all_scenarios.items() if only is None or k in only}
+    pg_wanted = pg_rows.wanted(only)
+    status: dict[str, str] = {}
+    if args.target:
+        status = dict.fromkeys(pg_wanted, "not run (--target)")
+    elif args.smoke and only is None:
+        status = dict.fromkeys(pg_wanted, "not run (--smoke)")
+    elif args.smoke:
+        status["pg_stream_200"] = "not run (--smoke)"
+    pg_wanted -= set(status)
+    # the PostgreSQL turns are set against the embedded turns_10 of the same repeat
+    chosen = {
+        k: v
+        for k, v in all_scenarios.items()
+        if only is None or k in only or (k == "turns_10" and "pg_turns_10" in pg_wanted)
+    }
     raise_fd_limit()
     tmp = Path(tempfile.mkdtemp(prefix="agentgate-bench-"))
     procs = Processes(tmp)
     began = time.perf_counter()
     results: Results = {"floor": {}, "agentgate": {}}
     users = max(cfg.many, cfg.stream_runs, *cfg.conns)
-    try:
-        floor_url, floor_pid = start_floor(procs)
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, tmp, True)
+        stack.callback(procs.stop_all)
+        floor_url, floor_http, floor_pid = start_floor(procs)
         names = [f"bench{i}" for i in range(users)] + ["benchfan", "benchlong"]
-        floor = Target("floor", [floor_url], {n: n for n in names}, [floor_pid])
+        floor = Target("floor", [floor_url], {n: n for n in names}, [floor_pid], http_bases=[floor_http])
         if args.target:
             seeded = seed(gateway_env(os.environ.get("DATABASE_URL", "")), users, cfg.long_messages)
             pids = [args.target_pid] if args.target_pid else []
@@ -551,66 +562,110 @@ async def measure(args: argparse.Namespace, cfg: Config) -> tuple[Results, dict[
             env = gateway_env(f"sqlite:///{tmp / 'bench.sqlite3'}")
             manage(env, "migrate", "--noinput", "-v0")
             seeded = seed(env, users, cfg.long_messages)
-            url, pid = start_gateway(procs, env, "gateway")
+            url, pid = start_gateway(procs, env, "gateway", args.profile_file)
             gate = Target("agentgate", [url], seeded["tokens"], [pid], seeded["long_session"])
+            gate.profiled = bool(args.profile)
+        svc: scaleout.Services | None = None
+        cluster: PgCluster | None = None
+        if pg_wanted:
+            try:
+                svc = scaleout.open_services(args.services, stack)
+                cluster = start_pg_cluster(procs, stack, svc, max(cfg.pg_conns, cfg.conns[1]), 2)
+                print(f"PostgreSQL + Redis: {svc.description}", file=sys.stderr, flush=True)
+            except scaleout.NotAvailable as exc:
+                status.update(dict.fromkeys(pg_wanted, f"not run: {exc}"[:80]))
+            except Exception as exc:
+                status.update(
+                    dict.fromkeys(pg_wanted - {"pg_stream_200"} if svc else pg_wanted, f"failed: {exc!r}"[:80])
+                )
         print(
             f"set up in {time.perf_counter() - began:.1f} s; measuring {', '.join(chosen)} "
             f"x{cfg.repeat} (floor, then agentgate)",
             file=sys.stderr,
             flush=True,
         )
+        pg_one = cluster.target("pg-one", 1) if cluster else None
+        c10 = cfg.conns[1]
+
+        def pg_turns(conns: int) -> Scenario:
+            return lambda t: load.turns(t, conns, cfg.seconds)
+
         for rep in range(cfg.repeat):
             for name, scenario in chosen.items():
                 for target in (gate,) if args.no_floor else (floor, gate):
-                    t0 = time.perf_counter()
-                    try:
-                        result = await scenario(target)
-                    except Exception as exc:
-                        print(f"  [{rep + 1}] {name} on {target.name} FAILED: {exc!r}", file=sys.stderr, flush=True)
-                        result = {}
-                    results[target.name].setdefault(name, []).append(result)
-                    shown = ", ".join(f"{k}={v:.4g}" for k, v in result.items())
-                    print(
-                        f"  [{rep + 1}] {name:<13} {target.name:<9} {time.perf_counter() - t0:5.1f} s  {shown}",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+                    results[target.name].setdefault(name, []).append(await timed(rep, name, target, scenario))
                     await asyncio.sleep(0.2)
-        pg: dict[str, Any] | str
-        if only is not None and "pg" not in only:
-            pg = "not run (--only)"
-        elif args.smoke or args.target:
-            pg = "not run (--smoke / --target)"
-        elif not services_reachable():
-            pg = "not run: PostgreSQL or Redis not reachable"
-        else:
+                if name == "turns_10" and pg_one is not None and "pg_turns_10" not in status:
+                    result = await timed(rep, "pg_turns_10", pg_one, pg_turns(c10))
+                    results["agentgate"].setdefault("pg_turns_10", []).append(result)
+                    await asyncio.sleep(0.2)
+        if cluster is not None and "pg_two_procs" in pg_wanted - set(status):
+            undo = (lambda: None) if args.no_pin else pin_gateways(cluster)
             try:
-                pg = await pg_row(procs, cfg)
-                print(f"  pg: {pg}", file=sys.stderr, flush=True)
+                for rep in range(cfg.repeat):
+                    for key, count in (("pg_one", 1), ("pg_two", 2)):
+                        target = cluster.target(f"pg-{count}proc", count)
+                        result = await timed(rep, key, target, pg_turns(cfg.pg_conns))
+                        results["agentgate"].setdefault(key, []).append(result)
+                        await asyncio.sleep(0.2)
+            finally:
+                undo()
+        if svc is not None and "pg_stream_200" in pg_wanted - set(status):
+            if cluster is not None:  # its gateways would only take CPU from the streams' own
+                for proc in procs.procs:
+                    if proc.pid in {pid for _, pid in cluster.gateways}:
+                        procs.stop(proc)
+            try:
+                streamed = await pg_rows.stream_200(svc.admin_url, svc.redis_url, args.smoke)
             except Exception as exc:
-                pg = f"failed: {exc!r}"[:80]
-    finally:
-        procs.stop_all()
-        shutil.rmtree(tmp, ignore_errors=True)
-    return results, pg
+                streamed = f"failed: {exc!r}"[:80]
+            if isinstance(streamed, str):
+                status["pg_stream_200"] = streamed
+            else:
+                results["agentgate"]["pg_stream_200"] = [streamed]
+                print(f"  pg_stream_200: {streamed}", file=sys.stderr, flush=True)
+    return results, status
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="about 10 s, tiny counts, one repeat")
-    parser.add_argument("--only", default="", help="comma-separated scenarios (turns_1, turns_10, …, pg)")
+    parser.add_argument(
+        "--only", default="", help="comma-separated scenarios (turns_1, turns_10, …, pg_turns_10, pg_two_procs, pg)"
+    )
     parser.add_argument("--json", default="", help="write every raw figure to this file")
     parser.add_argument("--repeat", type=int, default=0)
     parser.add_argument("--seconds", type=float, default=0.0, help="seconds per timed scenario")
     parser.add_argument("--target", default="", help="an already-running gateway's WebSocket URL")
     parser.add_argument("--target-pid", type=int, default=0, help="its process id (for RSS)")
     parser.add_argument("--no-floor", action="store_true", help="measure the gateway only (profiling)")
+    parser.add_argument(
+        "--no-pin", action="store_true", help="pg_two_procs: leave the gateways where the kernel puts them"
+    )
+    parser.add_argument(
+        "--services",
+        choices=("auto", "private", "external"),
+        default="auto",
+        help="PostgreSQL + Redis rows: servers of the run's own, BENCH_POSTGRES_URL/BENCH_REDIS_URL, or "
+        "private when installed (auto)",
+    )
+    parser.add_argument(
+        "--profile", default="", help="run the gateway under cProfile (bench/profile_serve.py): DIR/gateway.prof"
+    )
     args = parser.parse_args()
+    args.profile_file = ""
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
+        args.profile_file = str(Path(args.profile).resolve() / "gateway.prof")
     cfg = config(args)
     began = time.perf_counter()
-    results, pg = asyncio.run(measure(args, cfg))
+    results, pg_status = asyncio.run(measure(args, cfg))
+    http_load.derive(results)
     elapsed = time.perf_counter() - began
-    table, _all_met = render(cfg, results, pg, set(args.only.split(",")) if args.only else None)
+    only = set(args.only.split(",")) if args.only else None
+    shown = pg_rows.wanted(only)
+    pg_lines = pg_rows.lines(results, pg_status, cfg.conns[1], cfg.pg_conns, len(scaleout.ALL_CPUS), shown)
+    table, _all_met = render(rows(cfg), results, pg_lines, only)
     mode = "smoke" if args.smoke else "full"
     print(
         f"agentgate vs floor ({mode}, {cfg.repeat} repeats, {cfg.seconds:g} s per scenario, "
@@ -620,7 +675,9 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(
             json.dumps(
-                {"config": cfg.__dict__, "results": results, "pg": pg, "elapsed_s": elapsed}, indent=2, default=str
+                {"config": cfg.__dict__, "results": results, "pg": pg_status, "elapsed_s": elapsed},
+                indent=2,
+                default=str,
             )
         )
     failed = [(side, name) for side, by in results.items() for name, rs in by.items() if any(not r for r in rs)]

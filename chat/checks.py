@@ -7,16 +7,17 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 
-from chat.protocol.frames import AGENT_ID_RE
-from chat.runtime import catalog
-from chat.runtime.tools.host import config_error
+from chat.base import agents as catalog
+from chat.protocol.keys import AGENT_ID_RE
+from chat.runtime.tools.config import config_error, name_overlaps
 
 
 @checks.register()
 def agent_table(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Every configured agent can be named: an id the protocol refuses would be offered by
     `agents.list` and then refused on every new chat (`agent:<id>:<name>` keys); and its tool
-    settings are valid (TOOLS.md §13.1), else every chat.send to it fails before its ack."""
+    settings are valid (TOOLS.md §13.1), else every chat.send to it fails before its ack; a warning
+    names its servers whose tools may share a model function name (only their lists can tell)."""
     errors: list[checks.CheckMessage] = []
     for agent_id, config in settings.GATEWAY_AGENTS.items():
         if not isinstance(agent_id, str) or not AGENT_ID_RE.fullmatch(agent_id):
@@ -67,5 +68,16 @@ def agent_table(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMess
                         "and its default",
                         id="agentgate.E003",
                     )
+                )
+            else:
+                # only the servers' lists can tell: a chat.send is refused when two listed tools collide
+                errors.extend(
+                    checks.Warning(
+                        f"GATEWAY_AGENTS: agent {agent_id!r} has tool names that may collide: {overlap}",
+                        hint="a chat.send to it fails before its ack if its servers list two such tools; "
+                        "rename one of the servers (docs/tools.md)",
+                        id="agentgate.W001",
+                    )
+                    for overlap in name_overlaps(config)
                 )
     return errors

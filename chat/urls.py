@@ -1,8 +1,8 @@
-"""HTTP routes of the chat app (the page, login/logout, health)."""
+"""HTTP routes of the chat app (the page, the API keys page, login/logout, health)."""
 
 from django.urls import path
 
-from chat.web import ops, pages
+from chat.web import keys, ops, pages
 
 urlpatterns = [
     path("healthz", ops.healthz, name="healthz"),
@@ -11,4 +11,6 @@ urlpatterns = [
     path("", pages.index, name="index"),
     path("login/", pages.LoginView.as_view(), name="login"),
     path("logout/", pages.LogoutView.as_view(), name="logout"),
+    path("api/keys", keys.index, name="api_keys"),
+    path("api/keys/<int:key_id>/revoke", keys.revoke, name="api_key_revoke"),
 ]

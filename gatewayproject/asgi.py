@@ -1,4 +1,4 @@
-"""ASGI entry point: HTTP (Django, static files) and the gateway WebSocket."""
+"""ASGI entry point: HTTP (the /v1/ API, Django, static files) and the gateway WebSocket."""
 
 import os
 
@@ -10,6 +10,7 @@ django_asgi_app = get_asgi_application()  # must run before importing consumers
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from chat.httpapi.app import HttpApi  # noqa: E402
 from chat.routing import websocket_urlpatterns  # noqa: E402
 from chat.websocket.origin import OriginValidator  # noqa: E402
 from gatewayproject.staticfiles import StaticFilesHandler  # noqa: E402
@@ -18,7 +19,8 @@ application = ProtocolTypeRouter(
     {
         # Static files are served by the app itself, in DEBUG and non-DEBUG runs alike,
         # so `make run` needs no proxy and the page works offline.
-        "http": StaticFilesHandler(django_asgi_app),
+        # The OpenAI-compatible API (/v1/) is served before Django sees the request.
+        "http": HttpApi(StaticFilesHandler(django_asgi_app)),
         "websocket": OriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))  # type: ignore[arg-type]
         ),

@@ -125,7 +125,7 @@ X_FRAME_OPTIONS = "DENY"
 
 # --- Database ----------------------------------------------------------------
 # Async code reaches the ORM through the executor's fixed pool of worker threads
-# (chat.runtime.db), so a connection kept per worker thread is reused, not leaked.
+# (chat.base.db), so a connection kept per worker thread is reused, not leaked.
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # WAL lets readers run beside the writer; IMMEDIATE transactions plus a busy
@@ -147,7 +147,7 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env.b
         "max_size": env.int("DB_POOL_MAX", default=12),
         # A call waits this long for a connection. The gateway's own threads never exhaust the
         # pool (GATEWAY_DB_THREADS < DB_POOL_MAX), so a wait means the server is away: the
-        # first calls of an outage hear so within this (later ones at once, chat.runtime.availability).
+        # first calls of an outage hear so within this (later ones at once, chat.base.availability).
         "timeout": env.float("DB_POOL_TIMEOUT_SECONDS", default=5.0),
         # psycopg-pool retries a failed connect with a doubling delay for 5 minutes by default,
         # so after a long outage the pool came back only minutes later; a short attempt gives
@@ -289,7 +289,7 @@ LOGGING = {
         "django": {"handlers": ["console"], "level": "WARNING", "propagate": False},
         "daphne": {"handlers": ["console"], "level": "WARNING", "propagate": False},
         # psycopg-pool warns at every failed reconnect while the database is away; the gateway
-        # logs the outage once when it starts and once when it ends (chat.runtime.availability)
+        # logs the outage once when it starts and once when it ends (chat.base.availability)
         "psycopg": {"handlers": ["console"], "level": "ERROR", "propagate": False},
     },
 }
@@ -320,6 +320,19 @@ GATEWAY_CONNECT_TIMEOUT_MS = env.int("GATEWAY_CONNECT_TIMEOUT_MS", default=10_00
 GATEWAY_HEADER_TIMEOUT_SECONDS = env.float("GATEWAY_HEADER_TIMEOUT_SECONDS", default=10.0)
 GATEWAY_RATE_PER_SEC = env.float("GATEWAY_RATE_PER_SEC", default=20.0)
 GATEWAY_RATE_BURST = env.int("GATEWAY_RATE_BURST", default=40)
+
+# --- The OpenAI-compatible HTTP API under /v1/ (HTTP-API.md §14) ---------------------
+GATEWAY_HTTP_API = env.bool("GATEWAY_HTTP_API", default=True)
+# Browser origins allowed to call it (CORS); none by default.
+GATEWAY_HTTP_CORS_ORIGINS = env.list("GATEWAY_HTTP_CORS_ORIGINS", default=[])
+GATEWAY_HTTP_MAX_BODY = env.int("GATEWAY_HTTP_MAX_BODY", default=20 * 1024 * 1024)
+# A request body not all there this long after its headers is dropped (408).
+GATEWAY_HTTP_BODY_TIMEOUT_SECONDS = env.float("GATEWAY_HTTP_BODY_TIMEOUT_SECONDS", default=30.0)
+# An event stream sends a `: keep-alive` comment when it has been silent this long.
+GATEWAY_HTTP_KEEPALIVE_SECONDS = env.float("GATEWAY_HTTP_KEEPALIVE_SECONDS", default=15.0)
+# A run of a request with an Idempotency-Key whose client left waits this long for a retry to reattach.
+GATEWAY_HTTP_REATTACH_SECONDS = env.float("GATEWAY_HTTP_REATTACH_SECONDS", default=30.0)
+
 GATEWAY_REPAIR_SECONDS = env.float("GATEWAY_REPAIR_SECONDS", default=5.0)
 # Re-add connections to their layer groups this often (Redis forgets groups on a restart
 # without persistence, and after a day); 0 turns it off.
@@ -342,6 +355,10 @@ GATEWAY_PRUNE_MIN_DAYS = env.float("GATEWAY_PRUNE_MIN_DAYS", default=7.0)
 GATEWAY_MAX_HELD_ACKS = env.int("GATEWAY_MAX_HELD_ACKS", default=16)
 # Authenticated connections one user may hold on one server process; one more is refused (4029).
 GATEWAY_MAX_CONNECTIONS_PER_USER = env.int("GATEWAY_MAX_CONNECTIONS_PER_USER", default=64)
+# Unrevoked API keys one user may hold (the keys page, the admin and create_api_token refuse one more).
+GATEWAY_MAX_API_KEYS_PER_USER = env.int("GATEWAY_MAX_API_KEYS_PER_USER", default=20)
+if GATEWAY_MAX_API_KEYS_PER_USER < 1:
+    raise ImproperlyConfigured("GATEWAY_MAX_API_KEYS_PER_USER must be at least 1")
 
 # Agent table: id -> {backend, model, ...}. GATEWAY_AGENTS is JSON and is merged
 # over the default, so `main` stays the scripted demo agent unless overridden.

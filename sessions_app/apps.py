@@ -10,5 +10,5 @@ class SessionsAppConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # Imported here, not at module top: receivers import models, loaded after app configs.
-        from sessions_app import receivers  # noqa: F401  (connects the audit receivers)
+        # Imported here, not at module top: the receivers import models, loaded after app configs.
+        from sessions_app import audit_trail  # noqa: F401  (connects the audit receivers)

@@ -2,7 +2,7 @@
 
 The lifecycle service records `actor` (user, system, operator, reaper); which operator
 it was travels beside it in a context variable, set once per admin request (middleware)
-or per command, and read by the receivers that write the audit rows and tombstones.
+or per command, and read by the receivers that write the audit rows and tombstones (`audit_trail`).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ the compiled hot-path read and the ORM read of a page).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -20,12 +21,17 @@ from sessions_app.models import (
     OPEN_STATES,
     TOOL_TERMINAL_STATES,
     ChatSession,
+    CommandReceipt,
     Message,
     Run,
     RunState,
+    RunSurface,
+    SessionKind,
     ToolApproval,
     ToolCall,
+    ToolCallState,
 )
+from sessions_app.run_requests import RunRequest
 
 # A session with the runs its row names, read in one statement: a row read in two steps
 # could be split by a delete (a `running` row whose active run is already gone).
@@ -43,6 +49,16 @@ def session_by_pk(session_pk: int) -> ChatSession | None:
     return statements.session("s.id = %s", [session_pk])
 
 
+def queues_of(sessions: Sequence[ChatSession]) -> dict[int, list[str]]:
+    """The queued runIds of each of these sessions, oldest first: what their rows show as `queuedRunIds`
+    (sessions without any are absent). A queue known with its row (`statements.known_queue`) is not
+    read again."""
+    known = {s.pk: queue for s in sessions if (queue := statements.known_queue(s)) is not None}
+    queues = statements.queued_run_ids([s.pk for s in sessions if s.pk not in known])
+    queues.update((pk, list(queue)) for pk, queue in known.items() if queue)
+    return queues
+
+
 def find_session(owner_id: int, key: str) -> ChatSession | None:
     return statements.session("s.owner_id = %s AND s.key = %s", [owner_id, key])
 
@@ -55,17 +71,14 @@ def create_retry(owner_id: int, key: str, run_id: str, *, derived: bool) -> Chat
     session = find_session(owner_id, key)
     if session is None:
         return None
-    if Run.objects.filter(session=session, run_id=run_id).exists() or command_messages(session, run_id).exists():
+    if (
+        Run.objects.filter(session=session, run_id=run_id).exists()
+        or CommandReceipt.objects.filter(session=session, key=run_id).exists()
+    ):
         return session
     if derived and not Message.objects.filter(session=session).exists() and not session.runs.exists():
         return session
     return None
-
-
-def command_messages(session: ChatSession, command_key: str) -> QuerySet[Message]:
-    """The inline command and its answer stored under this key in the session (any generation)."""
-    # the key is never "" here: saying so lets the partial index `msg_session_command` serve
-    return Message.objects.filter(session=session, command_key=command_key).exclude(command_key="")
 
 
 def owner_sessions(owner_id: int | None) -> QuerySet[ChatSession]:
@@ -90,10 +103,11 @@ def list_sessions(
     search: str | None = None,
     agent_id: str | None = None,
     updated_since: datetime | None = None,
+    kinds: Sequence[str] = (SessionKind.DIRECT,),
 ) -> SessionPage:
-    """One page of an owner's sessions (of one agent, or all; changed since a time, or ever),
-    newest `updated_at` first."""
-    qs = owner_sessions(owner_id)
+    """One page of an owner's sessions of these kinds (of one agent, or all; changed since a time,
+    or ever), newest `updated_at` first."""
+    qs = owner_sessions(owner_id).filter(kind__in=list(kinds))
     if agent_id is not None:
         qs = qs.filter(agent_id=agent_id)
     if updated_since is not None:
@@ -174,11 +188,51 @@ def tool_calls_of(run_pks: set[int]) -> dict[int, list[ToolCall]]:
     return found
 
 
-def find_run(owner_id: int, key: str, run_id: str) -> Run | None:
-    """The run of an owner's session key by its idempotency key, with its session (one statement)."""
-    return statements.run(
-        "s.owner_id = %s AND s.key = %s AND r.run_id = %s", [owner_id, key, run_id], with_session=True
-    )
+def tools_of_run(run_pk: int) -> tuple[list[ToolCall], list[ToolApproval]]:
+    """A run's tool calls in order, and the approvals of its calls still pending (oldest first)."""
+    calls = list(ToolCall.objects.filter(run_id=run_pk).order_by("seq"))
+    pending = list(ToolApproval.objects.pending().filter(tool_call__run_id=run_pk).order_by("id"))
+    return calls, pending
+
+
+def client_call_ids(owner_id: int, key: str) -> set[str]:
+    """The ids of the calls an owner's session waits on its API client for: those its newest run handed
+    over (HTTP-API.md §14.8, "the session's pending calls"). A later run had its turn, so the calls of
+    an earlier one, answered or not, are no longer asked for: the runtime would answer none of them."""
+    session = find_session(owner_id, key)
+    if session is None:
+        return set()
+    return {call.call_id for call in client_calls_before(session.pk, session.session_id)}
+
+
+def client_calls_before(session_pk: int, generation: uuid.UUID, *, before_run_pk: int | None = None) -> list[ToolCall]:
+    """The calls the session's newest run of this generation (older than `before_run_pk`) handed to the
+    API client (state `client`), in call order: what the next request's tool results answer
+    (HTTP-API.md §14.4). [] when that run handed none."""
+    runs = Run.objects.filter(session_id=session_pk, session_generation=generation)
+    if before_run_pk is not None:
+        runs = runs.filter(pk__lt=before_run_pk)
+    newest = runs.order_by("-id").values_list("pk", "tool_calls").first()
+    if newest is None or not newest[1]:
+        return []
+    return list(ToolCall.objects.filter(run_id=newest[0], state=ToolCallState.CLIENT).order_by("seq"))
+
+
+def requests_of(run_pks: set[int]) -> dict[int, RunRequest]:
+    """The HTTP requests of those of these runs that had one (what they brought: a stateless request's
+    earlier messages, results for calls handed to the client), by run (one query; none without runs)."""
+    found: dict[int, RunRequest] = {}
+    if run_pks:
+        for pk, data in Run.objects.filter(pk__in=run_pks, request__isnull=False).values_list("pk", "request"):
+            found[pk] = RunRequest.from_json(data)
+    return found
+
+
+def find_run(owner_id: int, key: str, run_id: str) -> statements.KeyedRun | None:
+    """The run of an owner's session key by its idempotency key, with its session and its place in
+    the queue: what a resend's ack needs; or, the key new to the session, the session as admission
+    needs it; in one statement (`statements.keyed_run`). None: no such session."""
+    return statements.keyed_run(owner_id, key, run_id)
 
 
 def find_run_of_owner(owner_id: int, run_id: str, key: str | None = None) -> Run | None:
@@ -189,6 +243,15 @@ def find_run_of_owner(owner_id: int, run_id: str, key: str | None = None) -> Run
     qs = Run.objects.select_related("session").filter(session__owner_id=owner_id, run_id=run_id)
     if key is not None:
         qs = qs.filter(session__key=key)
+    return qs.order_by("-created_at", "-id").first()
+
+
+def find_http_run(owner_id: int, run_id: str) -> Run | None:
+    """The owner's HTTP run under this idempotency key, in any session, with its session: a key of
+    the HTTP API is the caller's, whichever session its request named (HTTP-API.md §14.6)."""
+    qs = Run.objects.select_related("session").filter(
+        session__owner_id=owner_id, run_id=run_id, surface=RunSurface.HTTP
+    )
     return qs.order_by("-created_at", "-id").first()
 
 
@@ -220,11 +283,10 @@ def get_run(pk: int) -> Run | None:
 
 
 def queue_position(run: Run) -> int | None:
-    """1-based position of a queued run in its session's queue."""
+    """1-based position of a queued run in its session's queue (`statements.queue_position`)."""
     if run.state != RunState.QUEUED:
         return None
-    ahead = Run.objects.filter(session_id=run.session_id, state=RunState.QUEUED, queue_seq__lt=run.queue_seq)
-    return ahead.count() + 1
+    return statements.queue_position(run.pk)
 
 
 def context_messages(run: Run, *, limit: int) -> list[Message]:

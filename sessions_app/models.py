@@ -26,12 +26,40 @@ TERMINAL_STATES = (RunState.DONE, RunState.FAILED, RunState.KILLED, RunState.TIM
 OPEN_STATES = (RunState.QUEUED, *ACTIVE_STATES)
 
 
+class RunErrorKind(models.TextChoices):
+    """Why a run ended `failed` or `timeout` (its `errorKind`, PROTOCOL.md §5; docs/agents.md, "Errors")."""
+
+    DISPATCH = "dispatch"  # setup failed before the backend started (no backend, rejected request)
+    BACKEND = "backend"  # the backend failed after it started
+    TIMEOUT = "timeout"  # the run's budget, or a backend timeout
+    INTERRUPTED = "interrupted"  # its process died or stopped (recovery, §8)
+    RATE_LIMIT = "rate_limit"  # the model server said 429
+    CONTEXT_LENGTH = "context_length"  # the conversation is too long for the model
+    UNAVAILABLE = "unavailable"  # the database stayed out of reach (GATEWAY_RUN_DB_WAIT_SECONDS)
+    UNKNOWN = "unknown"  # an internal error, or an operator's mark-failed / repair
+
+
 class SessionStatus(models.TextChoices):
     RUNNING = "running"
     DONE = "done"
     FAILED = "failed"
     KILLED = "killed"
     TIMEOUT = "timeout"
+
+
+class SessionKind(models.TextChoices):
+    """Where a session came from: opened by a client (`direct`), or made for one stateless HTTP request (`api`,
+    HTTP-API.md §14.3; left out of the page's list and of `sessions.list` unless asked for)."""
+
+    DIRECT = "direct"
+    API = "api"
+
+
+class RunSurface(models.TextChoices):
+    """The door a run came in by (the `surface` label of its metrics, HTTP-API.md §14.7)."""
+
+    WEBSOCKET = "ws"
+    HTTP = "http"
 
 
 class Actor(models.TextChoices):
@@ -49,6 +77,9 @@ class ChatSession(models.Model):
     agent_id = models.CharField(max_length=64, default="main")
     session_id = models.UUIDField(default=uuid.uuid4)
     label = models.CharField(max_length=200, blank=True, default="")
+    kind = models.CharField(
+        max_length=8, choices=SessionKind.choices, default=SessionKind.DIRECT, db_default=SessionKind.DIRECT
+    )
     # NULL is meaningful: the protocol's `status: null` means "never ran".
     status = models.CharField(max_length=16, choices=SessionStatus.choices, null=True, blank=True)  # noqa: DJ001
     active_run = models.OneToOneField("Run", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
@@ -79,6 +110,8 @@ class ChatSession(models.Model):
             models.Index(fields=["owner", "-updated_at"], name="session_owner_updated"),
             # sessions.list of one agent (OpenClaw's clients list by agentId)
             models.Index(fields=["owner", "agent_id", "-updated_at"], name="session_owner_agent_updated"),
+            # sessions.list and the page leave `api` sessions out unless asked (HTTP-API.md §14.3)
+            models.Index(fields=["owner", "kind", "-updated_at"], name="session_owner_kind_updated"),
             models.Index(fields=["status", "updated_at"], name="session_status_updated"),
             # operators' "failed in the last 24 h" filter and count
             models.Index(fields=["status", "ended_at"], name="session_status_ended"),
@@ -115,6 +148,16 @@ class Run(models.Model):
     cancel_ms = models.IntegerField(null=True, blank=True)
     # how many tool calls the run recorded: its terminal transition looks for open calls only when > 0
     tool_calls = models.IntegerField(default=0, db_default=0)
+    surface = models.CharField(
+        max_length=8, choices=RunSurface.choices, default=RunSurface.WEBSOCKET, db_default=RunSurface.WEBSOCKET
+    )
+    # What an HTTP request adds to the run (`sessions_app.run_requests.RunRequest.as_json`); NULL for a chat.send.
+    request = models.JSONField(null=True, blank=True)
+    # The reply's length after each stored delta, in order: the boundaries of the deltas clients were sent,
+    # so a resumed Responses stream replays the same events with the same numbers (HTTP-API.md §14.5).
+    marks = models.JSONField(default=list, blank=True, db_default=[])
+    # Set while an HTTP run with an Idempotency-Key has no client: aborted unless a retry reattaches (§14.6).
+    detached_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     dispatched_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -130,6 +173,9 @@ class Run(models.Model):
             # the runs admin: by error kind (newest first) and sorted by creation
             models.Index(fields=["error_kind", "id"], name="run_error_kind_id"),
             models.Index(fields=["created_at", "id"], name="run_created_id"),
+            # the runs admin's surface filter; the sweep of detached HTTP runs
+            models.Index(fields=["surface", "id"], name="run_surface_id"),
+            models.Index(fields=["detached_at"], name="run_detached", condition=models.Q(detached_at__isnull=False)),
         ]
 
     def __str__(self) -> str:
@@ -155,16 +201,30 @@ class Message(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        indexes = [
-            models.Index(fields=["session", "session_generation", "id"], name="msg_session_gen"),
-            # an inline command's key, looked up by every command (its replay): the few marked rows only
-            models.Index(
-                fields=["session", "command_key"], name="msg_session_command", condition=~models.Q(command_key="")
-            ),
-        ]
+        indexes = [models.Index(fields=["session", "session_generation", "id"], name="msg_session_gen")]
 
     def __str__(self) -> str:
         return f"{self.role}: {self.text[:40]}"
+
+
+class CommandReceipt(models.Model):
+    """An inline command's first answer, under the idempotencyKey of its send (no run exists under
+    it): a retry under that key is answered from here and changes nothing. It outlives a reset (a
+    retried /new must not reset again) and goes with its session."""
+
+    session = models.ForeignKey(ChatSession, on_delete=models.CASCADE, related_name="command_receipts")
+    key = models.CharField(max_length=128)  # the send's idempotencyKey (its ack's runId)
+    text = models.TextField()  # the command as typed: a retry under the key must send the same
+    reply = models.TextField()
+    run_ids = models.JSONField(default=list)  # the runs it stopped (/stop, /new, /reset)
+    session_generation = models.UUIDField()  # the sessionId it answered with (/new's: the new one)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["session", "key"], name="uniq_command_session_key")]
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.text[:40]}"
 
 
 class ToolCallState(models.TextChoices):
@@ -177,6 +237,7 @@ class ToolCallState(models.TextChoices):
     EXPIRED = "expired"  # its approval had no decision in time
     CANCELLED = "cancelled"  # its run ended first (abort, timeout, reset, delete), or never started
     UNKNOWN = "unknown"  # its process died while it ran: whether it took effect is not known
+    CLIENT = "client"  # a client function tool (HTTP-API.md §14.4): handed to the API client, never run here
 
 
 TOOL_OPEN_STATES = (ToolCallState.PENDING, ToolCallState.PENDING_APPROVAL, ToolCallState.RUNNING)
@@ -187,7 +248,38 @@ TOOL_TERMINAL_STATES = (
     ToolCallState.EXPIRED,
     ToolCallState.CANCELLED,
     ToolCallState.UNKNOWN,
+    ToolCallState.CLIENT,
 )
+
+
+class ToolErrorKind(models.TextChoices):
+    """Why a call ended other than `succeeded` (its `errorKind`, TOOLS.md §13.6; docs/tools.md)."""
+
+    BAD_ARGUMENTS = "bad_arguments"  # not JSON, not an object, over 64 KiB
+    UNKNOWN_TOOL = "unknown_tool"  # not a tool this agent may call (not listed, or not allowed)
+    LIMIT = "limit"  # past max_tool_calls
+    TOOL_TIMEOUT = "tool_timeout"  # tool_timeout_ms
+    TOOL_SERVER = "tool_server"  # server missing, crashed, answered garbage
+    TOOL_ERROR = "tool_error"  # the tool's own error (isError)
+    DENY = "deny"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+    UNKNOWN = "unknown"
+
+
+# the one terminal state each kind comes with
+TOOL_ERROR_KIND_STATES: dict[str, str] = {
+    ToolErrorKind.BAD_ARGUMENTS: ToolCallState.FAILED,
+    ToolErrorKind.UNKNOWN_TOOL: ToolCallState.FAILED,
+    ToolErrorKind.LIMIT: ToolCallState.FAILED,
+    ToolErrorKind.TOOL_TIMEOUT: ToolCallState.FAILED,
+    ToolErrorKind.TOOL_SERVER: ToolCallState.FAILED,
+    ToolErrorKind.TOOL_ERROR: ToolCallState.FAILED,
+    ToolErrorKind.DENY: ToolCallState.DENIED,
+    ToolErrorKind.EXPIRED: ToolCallState.EXPIRED,
+    ToolErrorKind.CANCELLED: ToolCallState.CANCELLED,
+    ToolErrorKind.UNKNOWN: ToolCallState.UNKNOWN,
+}
 
 
 class ToolCall(models.Model):
@@ -204,7 +296,7 @@ class ToolCall(models.Model):
     state = models.CharField(max_length=16, choices=ToolCallState.choices, default=ToolCallState.PENDING)
     result = models.TextField(blank=True, default="")  # capped (max_tool_result_bytes)
     is_error = models.BooleanField(default=False)
-    error_kind = models.CharField(max_length=32, blank=True, default="")
+    error_kind = models.CharField(max_length=32, blank=True, default="")  # a ToolErrorKind; "" for succeeded
     reply_offset = models.IntegerField(default=0)  # how much reply text came before it
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -331,6 +423,19 @@ class SessionTombstone(models.Model):
         return f"{self.key} ({self.reason})"
 
 
+class KeyScope(models.TextChoices):
+    """What an API key may do (HTTP-API.md §14.1; the WebSocket's scopes of the same names, §2.4)."""
+
+    READ = "read"
+    WRITE = "write"
+    APPROVALS = "approvals"
+    ADMIN = "admin"
+
+
+def default_key_scopes() -> list[str]:
+    return [KeyScope.READ, KeyScope.WRITE, KeyScope.APPROVALS]
+
+
 class ApiToken(models.Model):
     """A bearer token for API clients; only its SHA-256 is stored."""
 
@@ -341,12 +446,44 @@ class ApiToken(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    scopes = models.JSONField(default=default_key_scopes)  # KeyScope values
 
     class Meta:
         verbose_name = "API token"
+        indexes = [
+            # the keys admin's "revoked" filter and its count: one key in ten, read from this index
+            models.Index(
+                fields=["revoked_at", "id"], name="apitoken_revoked", condition=models.Q(revoked_at__isnull=False)
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.user})"
+
+
+class ApiResponse(models.Model):
+    """A Responses API response (HTTP-API.md §14.5): its id, what it was asked, and the run that answers it.
+
+    Its status, output and events are derived from the run, its marks and its tool calls, never stored
+    apart from them, so a response is never ahead of its run. An approval answered over HTTP continues
+    the same response (and run)."""
+
+    response_id = models.CharField(max_length=40, unique=True)  # "resp_" + 32 hex
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    run = models.OneToOneField(Run, on_delete=models.CASCADE, related_name="response")
+    model = models.CharField(max_length=200)  # as the request named it
+    store = models.BooleanField(default=True)
+    background = models.BooleanField(default=False)
+    previous_response_id = models.CharField(max_length=40, blank=True, default="")
+    input_items = models.JSONField(default=list, blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["owner", "-created_at"], name="response_owner_created")]
+
+    def __str__(self) -> str:
+        return self.response_id
 
 
 class GatewayProcess(models.Model):

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from sessions_app.models import GatewayProcess, Run, RunState
+from sessions_app.models import ACTIVE_STATES, GatewayProcess, Run, RunState
 
 
 def register(server_id: str) -> None:
@@ -36,10 +36,14 @@ def mark_stopped(server_id: str) -> None:
     GatewayProcess.objects.filter(server_id=server_id).update(stopping=True, stopped_at=now)
 
 
+def stale_window_seconds() -> float:
+    """How old a process's last heartbeat may be before it is dead (docs/deployment.md, "Heartbeats")."""
+    return float(max(settings.GATEWAY_RECOVERY_SECONDS / 2, settings.GATEWAY_HEARTBEAT_SECONDS * 3))
+
+
 def stale_before() -> datetime:
     """Processes whose last heartbeat is older than this are dead."""
-    window = max(settings.GATEWAY_RECOVERY_SECONDS / 2, settings.GATEWAY_HEARTBEAT_SECONDS * 3)
-    return timezone.now() - timedelta(seconds=window)
+    return timezone.now() - timedelta(seconds=stale_window_seconds())
 
 
 # Spans of wall-clock time (start, end) during which the caller could not reach the database.
@@ -77,6 +81,11 @@ def live_process_ids(blind: Blind = ()) -> set[str]:
             ):
                 live.add(server_id)
     return live
+
+
+def active_runs_of(server_id: str) -> list[int]:
+    """The active runs a process owns."""
+    return list(Run.objects.filter(owner_process=server_id, state__in=ACTIVE_STATES).values_list("pk", flat=True))
 
 
 def unowned_active_runs() -> list[int]:

@@ -23,3 +23,8 @@ tokens_revoked = Signal()
 #         carries: 'start', 'result', 'approval', 'approval.resolved', or '' for none), seq (that
 #         event's seq in the run), approval (ToolApproval or None)
 tool_changed = Signal()
+
+# kwargs: session (ChatSession, locked), receipt (CommandReceipt, as written) — an inline command
+#         and its first answer, just stored in the session's transcript (/status, /think, /verbose,
+#         /model; a replay stores nothing and sends nothing)
+command_stored = Signal()

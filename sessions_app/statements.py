@@ -9,13 +9,16 @@ the ORM would make them. Everything else goes through the ORM.
 
 from __future__ import annotations
 
+import json
+import threading
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
 from functools import cache
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from django.db import connection, models
-from django.db.models import Field, Model
+from django.db.models import DEFERRED, Field, Model
 
 from sessions_app.models import ChatSession, Run, RunState
 
@@ -23,30 +26,45 @@ M = TypeVar("M", bound=Model)
 # attribute names of the runIds a session row names (see `run_id_of`)
 ACTIVE_RUN_ID = "_active_run_rid"
 LAST_RUN_ID = "_last_run_rid"
+# attribute name of a session's queue as read with its row (see `known_queue`)
+QUEUED_IDS = "_queued_rids"
 
 
 class _Shape:
-    """The columns of one model in a SELECT, and how to turn them back into an instance."""
+    """The columns of one model (all, or only some) in a SELECT, and how to turn them back into an
+    instance; the fields not read are deferred, as the ORM's `only()` leaves them."""
 
-    def __init__(self, model: type[Model], alias: str) -> None:
+    def __init__(self, model: type[Model], alias: str, only: Collection[str] | None = None) -> None:
         self.model = model
-        self.fields: list[Field[Any, Any]] = list(model._meta.concrete_fields)  # type: ignore[arg-type]
-        self.names = [f.attname for f in self.fields]
+        concrete: list[Field[Any, Any]] = list(model._meta.concrete_fields)  # type: ignore[arg-type]
+        self.fields = [f for f in concrete if only is None or f.attname in only]
+        self.names = [f.attname for f in concrete]
+        # where each column read goes among the model's fields (None: all, in order)
+        self.slots = None if len(self.fields) == len(concrete) else [concrete.index(f) for f in self.fields]
         quote = connection.ops.quote_name
         self.columns = ", ".join(f"{alias}.{quote(str(f.column))}" for f in self.fields)
-        self.converters = []
+        # as the ORM's compiler does: the backend's converters, then the field's; kept only for the
+        # fields that have any (most columns come back from the driver as they are)
+        self.converters: list[tuple[int, Any, list[Any]]] = []
         for f in self.fields:
             col = f.get_col(alias)
-            # as the ORM's compiler does: the backend's converters, then the field's
-            self.converters.append((col, connection.ops.get_db_converters(col) + col.get_db_converters(connection)))
+            converters = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
+            if converters:
+                self.converters.append((concrete.index(f), col, converters))
 
     def make(self, values: Sequence[Any]) -> Model:
-        converted = []
-        for value, (col, converters) in zip(values, self.converters, strict=True):
+        if self.slots is None:
+            row = list(values)
+        else:
+            row = [DEFERRED] * len(self.names)
+            for slot, value in zip(self.slots, values, strict=True):
+                row[slot] = value
+        for slot, col, converters in self.converters:
+            value = row[slot]
             for convert in converters:
                 value = convert(value, col, connection)
-            converted.append(value)
-        return self.model.from_db(connection.alias, self.names, converted)
+            row[slot] = value
+        return self.model.from_db(connection.alias, self.names, row)
 
 
 @cache
@@ -58,32 +76,89 @@ def _table(model: type[Model]) -> str:
     return connection.ops.quote_name(model._meta.db_table)
 
 
+def _extra_list(vendor: str) -> list[str]:
+    """What a session is read with, after its columns (alias `s`): the runIds its row names, its
+    `version` as of the statement's snapshot, and its queue (`_queue_sql`)."""
+    runs = _table(Run)
+    # Under a row lock PostgreSQL re-reads the locked row once its holder commits, but the
+    # subqueries keep the statement's snapshot: a `version` read there that differs from the row's
+    # says they may be older than the row (see `_known`). (SQLite's snapshot is the row's.)
+    version = (
+        "s.version" if vendor == "sqlite" else f"(SELECT v.version FROM {_table(ChatSession)} v WHERE v.id = s.id)"
+    )
+    return [
+        f"(SELECT a.run_id FROM {runs} a WHERE a.id = s.active_run_id)",
+        f"(SELECT l.run_id FROM {runs} l WHERE l.id = s.last_run_id)",
+        version,
+        _queue_sql(vendor),
+    ]
+
+
+def _extras(vendor: str) -> str:
+    return ", ".join(_extra_list(vendor))
+
+
+EXTRAS = 4  # columns `_extras` adds
+
+
 @cache
 def _session_sql(where: str, lock: bool, vendor: str) -> str:
     session, _run = _shapes(vendor)
     # FOR UPDATE only where the database has it (SQLite's IMMEDIATE transactions serialise writers)
     lock_clause = " FOR UPDATE OF s" if lock and connection.features.has_select_for_update_of else ""
-    return (
-        f"SELECT {session.columns}, a.run_id, l.run_id FROM {_table(ChatSession)} s "
-        f"LEFT JOIN {_table(Run)} a ON a.id = s.active_run_id "
-        f"LEFT JOIN {_table(Run)} l ON l.id = s.last_run_id "
-        f"WHERE {where}{lock_clause}"
-    )
+    return f"SELECT {session.columns}, {_extras(vendor)} FROM {_table(ChatSession)} s WHERE {where}{lock_clause}"
+
+
+def _known(found: ChatSession, extras: Sequence[Any]) -> ChatSession:
+    """A session as read, with what was read with it (`_extras`): the runIds its row names, and its
+    queue when it was read from the same state as the row."""
+    setattr(found, ACTIVE_RUN_ID, extras[0])
+    setattr(found, LAST_RUN_ID, extras[1])
+    if extras[2] == found.version:
+        setattr(found, QUEUED_IDS, _queue_of(extras[3]))
+    return found
 
 
 def session(where: str, params: Sequence[Any], *, lock: bool = False) -> ChatSession | None:
-    """One session with the runIds its row names, in one statement (`where` uses alias `s`)."""
+    """One session with the runIds its row names and its queue, in one statement (`where` uses alias `s`)."""
     with connection.cursor() as cursor:
         cursor.execute(_session_sql(where, lock, connection.vendor), params)
         row = cursor.fetchone()
     if row is None:
         return None
     shape = _shapes(connection.vendor)[0]
-    found = shape.make(row[:-2])
-    setattr(found, ACTIVE_RUN_ID, row[-2])
-    setattr(found, LAST_RUN_ID, row[-1])
+    found = shape.make(row[:-EXTRAS])
     assert isinstance(found, ChatSession)
-    return found
+    return _known(found, row[-EXTRAS:])
+
+
+@cache
+def _locked_run_sql(vendor: str) -> str:
+    session, run = _shapes(vendor)
+    # The session first, then the run: every transition takes them in that order. Locked too, the
+    # run is read as its last writer committed it (a row only referenced would be read as of the
+    # statement's start).
+    lock_clause = " FOR UPDATE OF s, r" if connection.features.has_select_for_update_of else ""
+    return (
+        f"SELECT {session.columns}, {_extras(vendor)}, {run.columns} FROM {_table(ChatSession)} s "
+        f"JOIN {_table(Run)} r ON r.session_id = s.id WHERE r.id = %s{lock_clause}"
+    )
+
+
+def locked_run(run_pk: int) -> tuple[ChatSession, Run] | None:
+    """A run and its session (with what `session` reads with it), both row-locked, in one statement;
+    None when either is gone."""
+    with connection.cursor() as cursor:
+        cursor.execute(_locked_run_sql(connection.vendor), [run_pk])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    session_shape, run_shape = _shapes(connection.vendor)
+    width = len(session_shape.fields) + EXTRAS
+    found, run = session_shape.make(row[: width - EXTRAS]), run_shape.make(row[width:])
+    assert isinstance(found, ChatSession) and isinstance(run, Run)
+    run.session = _known(found, row[width - EXTRAS : width])
+    return found, run
 
 
 @cache
@@ -131,9 +206,45 @@ def runs(where: str, params: Sequence[Any]) -> list[Run]:
 # one session's queue on every turn, so that read is SQL compiled once (below); a page of sessions
 # (the gateway's lists, the admin's changelist) reads every queue of the page in one ORM query,
 # whatever its size. Both spellings live here, side by side, so they cannot drift apart; every
-# reader of a queue (lifecycle, gateway, admin) calls `queued_runs` or `queued_run_ids`.
+# reader of a queue (lifecycle, gateway, admin) calls `queued_runs` or `queued_run_ids`. A queued
+# run's place in it (`queue_position`, 1 = next to start) counts the queued runs before it in
+# that order.
 QUEUED_ORDER = ("queue_seq", "id")
 _QUEUED_WHERE = "r.session_id = %s AND r.state = %s ORDER BY r.queue_seq, r.id"
+
+
+def _queue_sql(vendor: str) -> str:
+    """The queued runIds of the session aliased `s`, as one value (`_queue_of` reads it)."""
+    if vendor == "postgresql":
+        return (
+            f"(SELECT array_agg(q.run_id ORDER BY q.queue_seq, q.id) FROM {_table(Run)} q "
+            f"WHERE q.session_id = s.id AND q.state = '{RunState.QUEUED.value}')"
+        )
+    # SQLite's json_group_array keeps no promised order (before 3.44): the order keys go with each runId
+    return (
+        f"(SELECT json_group_array(json_array(q.queue_seq, q.id, q.run_id)) FROM {_table(Run)} q "
+        f"WHERE q.session_id = s.id AND q.state = '{RunState.QUEUED.value}')"
+    )
+
+
+def _queue_of(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, list):  # PostgreSQL's array, in order
+        return [str(run_id) for run_id in value]
+    return [str(run_id) for _seq, _id, run_id in sorted(json.loads(value))]
+
+
+def known_queue(session: ChatSession) -> list[str] | None:
+    """The session's queue as read with its row (`session`, `locked_run`, `keyed_run`) and kept by the
+    lifecycle as it changes it under the row's lock; None when not known (read it then)."""
+    queue: list[str] | None = getattr(session, QUEUED_IDS, None)
+    return queue
+
+
+def forget_queue(session: ChatSession) -> None:
+    if hasattr(session, QUEUED_IDS):
+        delattr(session, QUEUED_IDS)
 
 
 def queued_runs(session_pk: int) -> list[Run]:
@@ -163,6 +274,94 @@ def queued_run_ids(session_pks: Sequence[int]) -> dict[int, list[str]]:
 @cache
 def _queued_ids_sql(vendor: str) -> str:
     return f"SELECT r.run_id FROM {_table(Run)} r WHERE {_QUEUED_WHERE}"
+
+
+@cache
+def _position_sql(vendor: str) -> str:
+    """The place in its session's queue of the run aliased `r`, as a subquery (one parameter: `queued`)."""
+    return (
+        f"(SELECT COUNT(*) + 1 FROM {_table(Run)} q WHERE q.session_id = r.session_id AND q.state = %s "
+        "AND (q.queue_seq, q.id) < (r.queue_seq, r.id))"
+    )
+
+
+def queue_position(run_pk: int) -> int | None:
+    """The 1-based place of a queued run in its session's queue (None: no such run)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {_position_sql(connection.vendor)} FROM {_table(Run)} r WHERE r.id = %s", [RunState.QUEUED, run_pk]
+        )
+        row = cursor.fetchone()
+    return None if row is None else int(row[0])
+
+
+# --- a key seen before: its ack from one statement ------------------------------------------------
+# A send whose key its session already has is answered from what is stored, without a write (§4),
+# as often as a client retries: resends are a load of their own. One statement reads what the ack
+# needs: the run, but for what the send carries again itself (its message and attachments: the
+# bodies are compared by hash); its session's key and sessionId; and its place in the queue while it
+# waits there. The fields not read are deferred (a later access would read them). When the key is
+# new to the session, the same statement has read the session as admission needs it (the whole row,
+# its runIds, its queue): admission checks it is still so in the statement that inserts the run.
+_KEYED_RUN_SKIPPED = ("message", "attachments")
+_KEYED_SESSION_FIELDS = ("id", "owner_id", "key", "session_id")
+
+
+class KeyedRun(NamedTuple):
+    run: Run | None  # None: the session has no run under the key
+    # with a run: its key and sessionId (`_KEYED_SESSION_FIELDS`), the rest deferred; without: the
+    # whole row as read, with its runIds and its queue (as `session` reads it)
+    session: ChatSession
+    queue_position: int | None  # while the run is queued
+
+
+@cache
+def _keyed_shapes(vendor: str) -> tuple[_Shape, _Shape, _Shape, list[int]]:
+    run_fields = [f.attname for f in Run._meta.concrete_fields if f.name not in _KEYED_RUN_SKIPPED]
+    whole, keyed = _Shape(ChatSession, "s"), _Shape(ChatSession, "s", _KEYED_SESSION_FIELDS)
+    return _Shape(Run, "r", run_fields), whole, keyed, [whole.fields.index(f) for f in keyed.fields]
+
+
+@cache
+def _keyed_sql(vendor: str) -> str:
+    run, session, keyed, _slots = _keyed_shapes(vendor)
+    # What admission needs of the session, read only when the key is new to it: the rest of its
+    # row (a resend's ack needs only `_KEYED_SESSION_FIELDS`), its runIds and its queue.
+    quote = connection.ops.quote_name
+    columns = ", ".join(
+        f"s.{quote(str(f.column))}"
+        if f in keyed.fields
+        else f"CASE WHEN r.id IS NULL THEN s.{quote(str(f.column))} END"
+        for f in session.fields
+    )
+    extras = ", ".join(f"CASE WHEN r.id IS NULL THEN {extra} END" for extra in _extra_list(vendor))
+    return (
+        f"SELECT {run.columns}, {columns}, CASE WHEN r.state = %s THEN {_position_sql(vendor)} END, "
+        f"{extras} FROM {_table(ChatSession)} s LEFT JOIN {_table(Run)} r ON r.session_id = s.id AND r.run_id = %s "
+        "WHERE s.owner_id = %s AND s.key = %s"
+    )
+
+
+def keyed_run(owner_id: int, key: str, run_id: str) -> KeyedRun | None:
+    """The run an owner's session key holds under an idempotency key, as its ack needs it, or the
+    session as admission needs it when the key is new to it (one statement); None: no such session."""
+    with connection.cursor() as cursor:
+        cursor.execute(_keyed_sql(connection.vendor), [RunState.QUEUED, RunState.QUEUED, run_id, owner_id, key])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    run_shape, whole, keyed, slots = _keyed_shapes(connection.vendor)
+    width, session_width = len(run_shape.fields), len(whole.fields)
+    values = row[width : width + session_width]
+    position, extras = row[width + session_width], row[width + session_width + 1 :]
+    if row[0] is None:  # (r.id) the key is new to the session
+        session = whole.make(values)
+        assert isinstance(session, ChatSession)
+        return KeyedRun(None, _known(session, extras), None)
+    found, session = run_shape.make(row[:width]), keyed.make([values[i] for i in slots])
+    assert isinstance(found, Run) and isinstance(session, ChatSession)
+    found.session = session
+    return KeyedRun(found, session, None if position is None else int(position))
 
 
 def next_queue_seq(session_pk: int) -> int:
@@ -209,6 +408,97 @@ def insert(instance: M) -> M:
     instance._state.adding = False
     instance._state.db = connection.alias
     return instance
+
+
+@cache
+def _insert_many_sql(model: type[Model], rows: int, vendor: str) -> tuple[str, tuple[_Prep, ...]]:
+    sql, preparers = _insert_sql(model, vendor)
+    head, _returning = sql.rsplit(" RETURNING ", 1)
+    columns, marks = head.split(" VALUES ", 1)
+    return f"{columns} VALUES {', '.join([marks] * rows)}", preparers
+
+
+def insert_many(instances: Sequence[Model]) -> None:
+    """Insert new instances of one model in one statement (their pks are not read back)."""
+    if len(instances) == 1:
+        insert(instances[0])
+        return
+    sql, preparers = _insert_many_sql(type(instances[0]), len(instances), connection.vendor)
+    params = [prep(instance, True) for instance in instances for prep in preparers]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+    for instance in instances:
+        instance._state.adding = False
+        instance._state.db = connection.alias
+
+
+_held = threading.local()
+
+
+@contextmanager
+def inserts_together() -> Iterator[None]:
+    """The rows `insert_later` is given inside the block go in when it ends, one statement per model
+    (none if it raises: its transaction, or savepoint, is then undone anyway). Nested blocks are one."""
+    if getattr(_held, "rows", None) is not None:
+        yield
+        return
+    rows: list[Model] = []
+    _held.rows = rows
+    try:
+        yield
+    finally:
+        _held.rows = None
+    by_model: dict[type[Model], list[Model]] = {}
+    for row in rows:
+        by_model.setdefault(type(row), []).append(row)
+    for same in by_model.values():
+        insert_many(same)
+
+
+def insert_later(instance: Model) -> None:
+    """Insert a new instance now, or with the others when the `inserts_together` block around ends."""
+    rows: list[Model] | None = getattr(_held, "rows", None)
+    if rows is None:
+        insert(instance)
+    else:
+        rows.append(instance)
+
+
+@cache
+def _insert_current_sql(vendor: str) -> tuple[str, tuple[_Prep, ...]]:
+    fields = [f for f in Run._meta.concrete_fields if not f.primary_key and f.name != "queue_seq"]
+    quote = connection.ops.quote_name
+    runs = _table(Run)
+    columns = ", ".join(quote(str(f.column)) for f in fields)
+    marks = ", ".join(["%s"] * len(fields))
+    same = "IS" if vendor == "sqlite" else "IS NOT DISTINCT FROM"  # (equal, or both NULL)
+    lock = " FOR UPDATE OF s" if connection.features.has_select_for_update_of else ""
+    key = ", ".join(quote(str(f.column)) for f in fields if f.name in ("session", "run_id"))
+    sql = (
+        f"INSERT INTO {runs} ({columns}, {quote('queue_seq')}) "
+        f"SELECT {marks}, (SELECT COALESCE(MAX(q.queue_seq), 0) + 1 FROM {runs} q WHERE q.session_id = s.id) "
+        f"FROM {_table(ChatSession)} s WHERE s.id = %s AND s.version = %s AND s.active_run_id {same} %s{lock} "
+        f"ON CONFLICT ({key}) DO NOTHING RETURNING id, queue_seq"
+    )
+    return sql, tuple(_preparer(f) for f in fields)  # type: ignore[arg-type]
+
+
+def insert_run_if_current(run: Run, session: ChatSession) -> bool:
+    """Insert a new run of `session` (its `queue_seq` one past the session's highest) if the session is
+    still as read (its `version` and active run) and the run's key is still free: one statement, which
+    takes the session's row lock where the database has row locks. False, with nothing written, when
+    not: admission then decides under the lock, reading the session again."""
+    sql, preparers = _insert_current_sql(connection.vendor)
+    params = [prep(run, True) for prep in preparers]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, session.pk, session.version, session.active_run_id])
+        row = cursor.fetchone()
+    if row is None:
+        return False
+    run.pk, run.queue_seq = row[0], int(row[1])
+    run._state.adding = False
+    run._state.db = connection.alias
+    return True
 
 
 @cache

@@ -14,6 +14,7 @@ from django.contrib.auth import get_user_model
 
 from chat.runtime.gateway import runtime
 from gatewayproject.settings import BASE_DIR
+from sessions_app.models import KeyScope, default_key_scopes
 from sessions_app.tokens import issue_token
 from tests.support.communicator import Client, open_client
 
@@ -38,7 +39,8 @@ async def _fresh_runtime() -> AsyncIterator[None]:
 def make_user(transactional_db: None) -> Callable[..., Any]:
     def make(username: str = "alice", *, staff: bool = False) -> tuple[Any, str]:
         user = get_user_model().objects.create_user(username=username, password="pw-12345678", is_staff=staff)
-        _token, raw = issue_token(user)
+        # a staff user's key as operators make it for an admin client: with the admin scope
+        _token, raw = issue_token(user, scopes=[*default_key_scopes(), KeyScope.ADMIN] if staff else None)
         return user, raw
 
     return make

@@ -205,3 +205,70 @@ def test_the_orm_rule_catches_a_query() -> None:
     source = "from sessions_app.models import Run\n\n\ndef f():\n    return Run.objects.filter(pk=1)\n"
     assert _orm_queries(source) == [5]
     assert _orm_queries("objects = 1\nx = objects\n") == []
+
+
+def _room(module: str) -> str:
+    """A module's room: the first-level package of `chat` it sits in (or the module itself); outside
+    `chat`, the module (the project's settings, asgi and logs are not one room)."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "chat" and len(parts) > 1 else module
+
+
+def _room_circles(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> list[list[str]]:
+    """Rooms that import each other, directly or around a loop, type-checking and late imports included."""
+    rooms: dict[str, set[str]] = {}
+    for name, targets in _import_graph(root, packages).items():
+        room = rooms.setdefault(_room(name), set())
+        for target in targets:
+            if not name.startswith(target + "."):  # a package's __init__ handing on its modules
+                rooms.setdefault(_room(target), set())
+                if _room(target) != _room(name):
+                    room.add(_room(target))
+    return _cycles(rooms)
+
+
+def test_no_circles_between_the_rooms_of_the_gateway() -> None:
+    assert _room_circles() == []
+
+
+def test_the_room_rule_catches_a_loop_through_two_rooms(tmp_path: Path) -> None:
+    files = {
+        "chat/__init__.py": "",
+        "chat/low/__init__.py": "",
+        "chat/low/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from chat.high.b import B\n",
+        "chat/high/__init__.py": "",
+        "chat/high/b.py": "from chat.low import a\n",  # a module circle too, but through two rooms
+        "chat/high/c.py": "from chat.low import a\n",
+        "chat/top.py": "from chat.high import c\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert _room_circles(tmp_path, ("chat",)) == [["chat.high", "chat.low"]]
+    (tmp_path / "chat/low/a.py").write_text("")
+    assert _room_circles(tmp_path, ("chat",)) == []
+
+
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 100
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for pkg in ("chat", "sessions_app") for p in _modules(pkg)] + sorted((ROOT / "static" / "chat").glob("*.js")),
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_rooms_stay_small(path: Path) -> None:
+    """No module (or page script) over 600 lines, no Python function over 100: catch-alls get split."""
+    source = path.read_text()
+    assert len(source.splitlines()) <= MAX_MODULE_LINES, (
+        f"{path.relative_to(ROOT)} has {len(source.splitlines())} lines"
+    )
+    if path.suffix == ".py":
+        long = [
+            f"{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            and (node.end_lineno or node.lineno) - node.lineno + 1 > MAX_FUNCTION_LINES
+        ]
+        assert not long, f"{path.relative_to(ROOT)}: {long}"

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from chat.protocol import wire
-from chat.protocol.wire import ChatState
+from chat.protocol import frames, keys, run_events
+from chat.protocol.run_events import ChatState
 from sessions_app.models import Run, RunState
 
 # chat `status` phases as lifecycle phases: `dispatching` is OpenClaw's `start`
@@ -24,8 +24,8 @@ _LIFECYCLE_PHASE = {"queued": "queued", "dispatching": "start", "running": "runn
 def run_facts(run: Run) -> dict[str, Any]:
     """What the `agent` events need of a run beyond its `chat` payload (JSON-safe, for the layer)."""
     return {
-        "startedAt": wire.ms(run.dispatched_at),
-        "endedAt": wire.ms(run.ended_at),
+        "startedAt": frames.ms(run.dispatched_at),
+        "endedAt": frames.ms(run.ended_at),
         "outputTokens": run.completion_tokens,
     }
 
@@ -39,12 +39,12 @@ def agent_events(chat: dict[str, Any], facts: dict[str, Any] | None, replied: in
     """
     facts = facts or {}
     seq = int(chat["seq"])
-    ts = wire.now_ms()
+    ts = frames.now_ms()
     base = {
         "runId": chat["runId"],
         "sessionKey": chat["sessionKey"],
         "sessionId": chat.get("sessionId"),
-        "agentId": wire.agent_id_of(chat["sessionKey"]),
+        "agentId": keys.agent_id_of(chat["sessionKey"]),
     }
     out: list[dict[str, Any]] = []
 
@@ -77,7 +77,7 @@ def agent_events(chat: dict[str, Any], facts: dict[str, Any] | None, replied: in
                 "endedAt": ended,
                 "aborted": False,
                 # chat_payload always sets it; the default is for a payload that lacks it
-                "stopReason": chat.get("stopReason", wire.default_stop_reason(RunState.DONE)),
+                "stopReason": chat.get("stopReason", run_events.default_stop_reason(RunState.DONE)),
             },
         )
     elif state == ChatState.ABORTED:
@@ -88,7 +88,7 @@ def agent_events(chat: dict[str, Any], facts: dict[str, Any] | None, replied: in
                 "startedAt": facts.get("startedAt"),
                 "endedAt": ended,
                 "aborted": True,
-                "stopReason": chat.get("stopReason", wire.default_stop_reason(RunState.KILLED)),
+                "stopReason": chat.get("stopReason", run_events.default_stop_reason(RunState.KILLED)),
             },
         )
     else:

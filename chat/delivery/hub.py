@@ -24,12 +24,13 @@ from typing import Any, Protocol, cast
 
 from channels.layers import get_channel_layer
 
+from chat.base import health, metrics
+from chat.base.availability import channel_layer
 from chat.delivery import groups
+from chat.delivery.broadcaster import merged_chat
+from chat.delivery.first_sight import FirstSight
 from chat.delivery.layers import in_group, layer_unreachable
-from chat.delivery.messages import OPERATORS_VIA, GatewayMessage, HubProbe, ProcessMessage, untyped
-from chat.runtime import health
-from chat.runtime.availability import channel_layer
-from chat.web import metrics
+from chat.delivery.messages import OPERATORS_VIA, ChatMessage, GatewayMessage, HubProbe, ProcessMessage, untyped
 
 log = logging.getLogger(__name__)
 CHANNEL_PREFIX = "gateway"  # channel_capacity in settings matches it: every event of the process passes here
@@ -63,6 +64,7 @@ class Hub:
         self._adding: set[asyncio.Future[None]] = set()  # joins that outlived JOIN_WAIT_SECONDS
         # A group add was skipped or failed (the layer away): re-add every group when it answers.
         self.stale = False
+        self.first_sight = FirstSight()  # the runs its connections first hear of from an event, as stored
 
     async def start(self, process_group: str, on_control: Callable[[ProcessMessage], None]) -> None:
         """Open the channel, join the process's own group, and start receiving."""
@@ -70,6 +72,7 @@ class Hub:
         self.process_group = process_group
         self.members.clear()
         self._lock = asyncio.Lock()  # of this loop (a test, or a restart, brings a new one)
+        self.first_sight = FirstSight()
         await self._open(process_group)
         self.task = asyncio.ensure_future(self._receive_loop(process_group))
 
@@ -183,17 +186,26 @@ class Hub:
 
     async def regroup(self) -> None:
         """Join again every group the process's connections need (the layer may have lost them)."""
-        if self.channel is None or self.process_group is None:
+        channel, process_group = self.channel, self.process_group
+        if channel is None or process_group is None:
             return
         self.stale = False  # (set again by a join that fails meanwhile)
         started = time.monotonic()
         try:
-            await _group_add(self.process_group, self.channel)
+            await _group_add(process_group, channel)
             for group in list(self.members):
-                await _group_add(group, self.channel)
+                if self.channel != channel:
+                    break
+                await _group_add(group, channel)
         except BaseException:
             self.stale = True
             raise
+        if self.channel != channel:
+            # the receive loop lost that channel meanwhile and its next one joined every group as it
+            # opened (`_open`): what this pass joined again with the lost one must go, or the groups
+            # keep a dead member for their expiry
+            await self._leave(channel, process_group)
+            return
         channel_layer.ok(started)
 
     async def watch(self) -> bool:
@@ -247,10 +259,19 @@ class Hub:
     async def _open(self, process_group: str) -> None:
         layer = get_channel_layer()
         assert layer is not None
+        lost = self.channel
         self.channel = await layer.new_channel(prefix=CHANNEL_PREFIX)  # type: ignore[call-arg]  # not in the stubs
         await layer.group_add(process_group, self.channel)
         for group in list(self.members):  # after a restart: join again what the connections need
             await layer.group_add(group, self.channel)
+        if lost is not None and lost != self.channel:
+            # a layer that failed without losing its data still lists the lost channel
+            await self._leave(lost, process_group)
+
+    async def _leave(self, channel: str, process_group: str) -> None:
+        """Take a channel this process no longer reads out of every group it may be in (best effort)."""
+        for group in (process_group, *list(self.members)):
+            await _group_discard(group, channel)
 
     async def _receive_loop(self, process_group: str) -> None:
         """Receive for the process; restarted, and logged, when the layer fails (events lost
@@ -269,13 +290,18 @@ class Hub:
                     channel_layer.ok(started)  # the layer answered: an outage is over here too
                 health.ok("listener")
                 delay = 1.0
+                receive_many = getattr(layer, "receive_many", None)
                 while self.task is me and (channel := self.channel) is not None:
-                    message = await layer.receive(channel)
+                    if receive_many is None:
+                        messages = [await layer.receive(channel)]
+                    else:
+                        messages = await receive_many(channel)
                     health.ok("listener")
-                    try:
-                        await self.deliver(message)
-                    except Exception:  # one odd message is not the layer failing: no new channel
-                        log.exception("a layer message of type %r could not be handed on", message.get("type"))
+                    for message in coalesced(messages):
+                        try:
+                            await self.deliver(message)
+                        except Exception:  # one odd message is not the layer failing: no new channel
+                            log.exception("a layer message of type %r could not be handed on", message.get("type"))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -296,6 +322,38 @@ class Hub:
                 log.exception("process channel failed; reopening in %.0fs", delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)
+
+
+def coalesced(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What a batch read from the layer comes to: consecutive deltas of a run (`seq` n, n + 1, with
+    nothing of that run between them) as one, in the later one's place (`broadcaster.merged_chat`).
+
+    A process that falls behind (its loop busy, the layer slow) reads bigger batches: each of its
+    connections then gets a run's text once per batch, however many deltas it was written in, and
+    catches up with the run instead of working through every step of it. A batch of one, the
+    usual case, is left as it is.
+    """
+    if len(messages) < 2:
+        return messages
+    out: list[dict[str, Any] | None] = []
+    latest: dict[tuple[Any, Any], int] = {}  # (run, via) -> where its latest event is in `out`
+    for message in messages:
+        kind = message.get("type")
+        if kind in ("gateway.chat", "gateway.tool"):
+            run = (message.get("run"), message.get("via"))
+            at = latest.get(run)
+            if at is not None and _is_delta(message):
+                earlier = out[at]
+                if earlier is not None and _is_delta(earlier) and message["seq"] == earlier["seq"] + 1:
+                    out[at] = None
+                    message = untyped(merged_chat(cast(ChatMessage, earlier), cast(ChatMessage, message)))
+            latest[run] = len(out)
+        out.append(message)
+    return [message for message in out if message is not None]
+
+
+def _is_delta(message: dict[str, Any]) -> bool:
+    return message.get("type") == "gateway.chat" and message.get("state") == "delta" and "payload" in message
 
 
 async def _group_add(group: str, channel: str) -> None:

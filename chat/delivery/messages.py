@@ -42,6 +42,7 @@ class SessionMessage(TypedDict):
     version: int
     deleted: bool
     reason: str
+    kind: NotRequired[str]  # the session's kind (`direct`, `api`): connections subscribe to some kinds
     row: str  # the row, encoded
     json: str  # the whole event payload, encoded
     via: NotRequired[str]

@@ -7,7 +7,8 @@ one transaction (a run ends and the next starts; a session created by its first 
 is announced once per change, each event carrying the row as committed: a client never
 sees an intermediate row that is older than what its ack already told it. A change undone
 with its savepoint (a failed write of the writer's batch) is neither announced nor lent
-its row to the others. Connected in `ChatConfig.ready`.
+its row to the others. Connected by `chat.wiring`, which also hands in this process's runtime
+(`RunHooks`): the runtime sits above delivery and is told through the hooks, never imported.
 """
 
 from __future__ import annotations
@@ -16,16 +17,63 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from django.db import transaction
 
+from chat.base import metrics
 from chat.delivery import agent_events
 from chat.delivery.broadcaster import broadcaster, chat_message, session_message, tool_message
-from chat.protocol import wire
-from chat.runtime import hooks
-from chat.web import metrics
-from sessions_app.models import ACTIVE_STATES, TERMINAL_STATES, ChatSession, Run, RunState, ToolApproval, ToolCall
+from chat.protocol import run_events, tool_events
+from chat.protocol.session_rows import row_event, session_rows
+from sessions_app.gateway_reads import queues_of
+from sessions_app.models import (
+    ACTIVE_STATES,
+    TERMINAL_STATES,
+    ChatSession,
+    CommandReceipt,
+    Run,
+    RunState,
+    ToolApproval,
+    ToolCall,
+)
+
+
+class RunHooks(Protocol):
+    """What this process's runtime is told after a commit (`chat.runtime.hooks`): each returns at once."""
+
+    def run_dispatching(self, run: Run, owner_process: str) -> None: ...
+
+    def run_ended(self, run_pk: int, owner_process: str) -> None: ...
+
+    def run_changed(self, run_pk: int) -> None: ...
+
+    def tool_changed(self, call_pk: int, run_pk: int) -> None: ...
+
+
+class _NoRuntime:
+    """Until the runtime is wired in (a management command that imports no runtime): nothing to tell."""
+
+    def run_dispatching(self, run: Run, owner_process: str) -> None:
+        return None
+
+    def run_ended(self, run_pk: int, owner_process: str) -> None:
+        return None
+
+    def run_changed(self, run_pk: int) -> None:
+        return None
+
+    def tool_changed(self, call_pk: int, run_pk: int) -> None:
+        return None
+
+
+hooks: RunHooks = _NoRuntime()
+
+
+def use_hooks(runtime_hooks: RunHooks) -> None:
+    """Tell this process's runtime of committed changes from now on (`chat.wiring`)."""
+    global hooks
+    hooks = runtime_hooks
 
 
 def on_run_transitioned(
@@ -42,7 +90,7 @@ def on_run_transitioned(
     # Broadcasts are queued first: the hooks below may wake this run's worker, whose next
     # transition must not overtake this one's events. Every callback is robust, so a failed
     # broadcast never costs a run its worker (repair re-sends what a broadcast lost).
-    event = chat_message(owner_id, run.pk, wire.chat_payload(run, session.key))
+    event = chat_message(owner_id, run.pk, run_events.chat_payload(run, session.key))
     event["agent"] = agent_events.run_facts(run)  # what its `agent` events add to the chat payload
     transaction.on_commit(partial(broadcaster.send, owner_id, event), robust=True)
     if row_changed:
@@ -68,25 +116,39 @@ def on_tool_changed(
     """A tool call's or approval's event, encoded now from the rows as written, sent after commit."""
     plugin = None
     if event == "start":
-        data = wire.tool_start_data(call)
+        data = tool_events.tool_start_data(call)
     elif event == "result":
-        data = wire.tool_result_data(call)
+        data = tool_events.tool_result_data(call)
         took = None if call.duration_ms is None else call.duration_ms / 1000
         ended = partial(metrics.tool_call_ended, call.server, call.state, call.error_kind, took)
         transaction.on_commit(ended, robust=True)
     elif event in ("approval", "approval.resolved") and approval is not None:
-        data = wire.approval_data(approval, call)
-        make = wire.approval_resolved if approval.decision else wire.approval_request
+        data = tool_events.approval_data(approval, call)
+        make = tool_events.approval_resolved if approval.decision else tool_events.approval_request
         plugin = make(approval, call, run, session.key)
     else:
         transaction.on_commit(partial(hooks.tool_changed, call.pk, run.pk), robust=True)
         return  # a change with no event of its own (a call started, an approval allowed)
     stream = "approval" if event.startswith("approval") else "tool"
     message = tool_message(
-        session.owner_id, run.pk, call.call_id, event, wire.agent_event(run, session.key, seq, stream, data), plugin
+        session.owner_id,
+        run.pk,
+        call.call_id,
+        event,
+        run_events.agent_event(run, session.key, seq, stream, data),
+        plugin,
     )
     transaction.on_commit(partial(broadcaster.send, session.owner_id, message), robust=True)
     transaction.on_commit(partial(hooks.tool_changed, call.pk, run.pk), robust=True)
+
+
+def on_command_stored(sender: Any, session: ChatSession, receipt: CommandReceipt, **kwargs: Any) -> None:
+    """An inline command's exchange, stored in the transcript: to the owner's connections after
+    commit as any transcript change is, the `chat` `final` the sender gets before its ack (whose
+    connection drops this copy: its handler closed the key for it)."""
+    payload = run_events.command_final(session.key, receipt)
+    event = chat_message(session.owner_id, run_events.command_event_key(receipt.pk), payload)
+    transaction.on_commit(partial(broadcaster.send, session.owner_id, event), robust=True)
 
 
 def on_session_changed(sender: Any, session: ChatSession, reason: str, deleted: bool = False, **kwargs: Any) -> None:
@@ -147,7 +209,7 @@ class _PendingRow:
         if row.get("deleted"):
             changes = [c for c in changes if c.reason == "delete"][-1:]  # gone: only its deletion is news
         for change in changes:
-            event = wire.row_event(row, change.reason, change.run_id)
+            event = row_event(row, change.reason, change.run_id)
             broadcaster.send(self.owner_id, session_message(self.owner_id, self.session_pk, event))
 
 
@@ -168,7 +230,7 @@ def _waiting(waiting: list[Any], fn: object) -> bool:
 
 
 def _row_changed(session: ChatSession, reason: str, run_id: str | None, *, deleted: bool = False) -> None:
-    row = wire.session_rows([session])[0]
+    row = session_rows([session], queues_of([session]))[0]
     if deleted:
         row["deleted"] = True
     connection = transaction.get_connection()
@@ -191,4 +253,6 @@ def _row_changed(session: ChatSession, reason: str, run_id: str | None, *, delet
     # Appended, never moved (test helpers such as captureOnCommitCallbacks index into the
     # list): no savepoint ids, so a savepoint's rollback keeps it.
     holder.flush_fn = change.flush  # one bound method, the very object the entry holds
+    # Django's private on-commit list: no public call registers outside the current savepoint. What
+    # this relies on is pinned by test_receivers.py::test_django_on_commit_list_behaves_as_the_row_holders_rely_on.
     connection.run_on_commit.append((set(), holder.flush_fn, True))

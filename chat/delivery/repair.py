@@ -23,12 +23,12 @@ from typing import Any, Protocol
 from django.conf import settings
 from django.utils import timezone
 
+from chat.base.db import db_read
 from chat.delivery import agent_events
 from chat.delivery.broadcaster import tool_message
+from chat.delivery.connection import ConnectionState, Event
 from chat.delivery.messages import ToolMessage
-from chat.protocol import wire
-from chat.runtime.db import db_read
-from chat.websocket.connection import ConnectionState, Event
+from chat.protocol import run_events, session_rows, tool_events
 from sessions_app import gateway_reads
 from sessions_app.models import TERMINAL_STATES
 
@@ -112,19 +112,22 @@ def take_snapshot(
         for run in gateway_reads.runs_with_sessions(open_runs):
             entry: dict[str, Any] = {"state": run.state}
             if run.state in TERMINAL_STATES:
-                entry["payload"] = wire.chat_payload(run, run.session.key)
+                entry["payload"] = run_events.chat_payload(run, run.session.key)
                 entry["facts"] = agent_events.run_facts(run)
             snap.runs[run.pk] = entry
     batch = gateway_reads.ended_runs(**scanner.runs.window(), owners=owners, limit=BATCH)
     for run in batch:
         assert run.ended_at is not None
         snap.ended[run.pk] = EndedRun(
-            run.session.owner_id, run.ended_at, wire.chat_payload(run, run.session.key), agent_events.run_facts(run)
+            run.session.owner_id,
+            run.ended_at,
+            run_events.chat_payload(run, run.session.key),
+            agent_events.run_facts(run),
         )
     scanner.runs.advance(batch, "ended_at", scan_started)
     if want_rows:
         page = gateway_reads.changed_sessions(**scanner.rows.window(), owners=owners, limit=BATCH)
-        for session, row in zip(page, wire.session_rows(page), strict=True):
+        for session, row in zip(page, session_rows.session_rows(page, gateway_reads.queues_of(page)), strict=True):
             snap.rows[session.pk] = (session.owner_id, row)
         scanner.rows.advance(page, "updated_at", scan_started)
     else:
@@ -135,14 +138,16 @@ def take_snapshot(
     calls, approvals = open_tools
     for call in gateway_reads.ended_tool_calls(calls):
         run = call.run
-        data = wire.tool_result_data(call)
-        agent = wire.agent_event(run, run.session.key, run.stream_seq, "tool", data)
+        data = tool_events.tool_result_data(call)
+        agent = run_events.agent_event(run, run.session.key, run.stream_seq, "tool", data)
         snap.tools.append(tool_message(run.session.owner_id, run.pk, call.call_id, "result", agent))
     for approval in gateway_reads.resolved_approvals(approvals):
         call = approval.tool_call
         run = call.run
-        agent = wire.agent_event(run, run.session.key, run.stream_seq, "approval", wire.approval_data(approval, call))
-        plugin = wire.approval_resolved(approval, call, run, run.session.key)
+        agent = run_events.agent_event(
+            run, run.session.key, run.stream_seq, "approval", tool_events.approval_data(approval, call)
+        )
+        plugin = tool_events.approval_resolved(approval, call, run, run.session.key)
         snap.tools.append(tool_message(run.session.owner_id, run.pk, call.call_id, "approval.resolved", agent, plugin))
     return snap
 
@@ -152,11 +157,7 @@ def connection_events(state: ConnectionState, snap: Snapshot) -> list[Event]:
     events: list[Event] = []
     for pk, ended in snap.ended.items():
         # not runs that ended before this connection existed: they are not its news
-        if (
-            ended.ended_at >= state.connected_at
-            and state.may_see(ended.owner_id)
-            and state.admit_chat(pk, ended.payload)
-        ):
+        if state.ended_news(ended.ended_at) and state.may_see(ended.owner_id) and state.admit_chat(pk, ended.payload):
             events += state.follow(pk, ended.payload, ended.facts)
     for message in snap.tools:
         # before the run's own terminal below, as they were sent (a card ends before its run)
@@ -177,13 +178,13 @@ def connection_events(state: ConnectionState, snap: Snapshot) -> list[Event]:
     for session_pk, (owner_id, row) in snap.rows.items():
         known = state.rows.get(session_pk)
         if state.may_see(owner_id) and (known is None or row["version"] > known.version):
-            payload = wire.row_event(row, "resync")
+            payload = session_rows.row_event(row, "resync")
             if state.admit_row(session_pk, payload):
                 events.append(("sessions.changed", payload))
     for session_pk in [pk for pk in state.rows if pk in snap.checked and pk not in snap.existing]:
         known = state.rows[session_pk]
         if not known.deleted:
-            payload = wire.row_event({**known.full(), "deleted": True, "version": known.version + 1}, "delete")
+            payload = session_rows.row_event({**known.full(), "deleted": True, "version": known.version + 1}, "delete")
             if state.admit_row(session_pk, payload):
                 events.append(("sessions.changed", payload))
     return events

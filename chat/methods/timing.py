@@ -7,9 +7,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from chat.base.availability import Unavailable
+from chat.base.metrics import CHAT_SEND_ACKS, CHAT_SEND_SECONDS, METHOD_CALLS, METHOD_SECONDS
 from chat.protocol.frames import ProtocolError
-from chat.runtime.availability import Unavailable
-from chat.web.metrics import CHAT_SEND_ACKS, CHAT_SEND_SECONDS, METHOD_CALLS, METHOD_SECONDS
 
 ACK_METHODS = ("chat.send", "sessions.steer")
 

@@ -6,7 +6,8 @@ it is broadcast, so nothing of a run is sent after its terminal event.
 
 While the database is away a run goes on reading its model's stream: its text is held back
 (never sent unstored) and goes out with the first write that succeeds; its end is written
-once the database is back. A run that has been unable to write for
+once the database is back. A tool step's writes wait the same way (`DatabaseWait.patiently`,
+handed to the run's `ToolHost`). A run that has been unable to write for
 GATEWAY_RUN_DB_WAIT_SECONDS stops and ends `failed` (errorKind `unavailable`), with the text
 it had, when the database is back (docs/deployment.md, "When PostgreSQL or Redis goes away").
 """
@@ -24,23 +25,32 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from django.conf import settings
+from django.db import transaction
 
+from chat.base import availability, metrics
+from chat.base.availability import Unavailable
+from chat.base.db import db_read, db_write
 from chat.delivery.broadcaster import broadcaster, chat_message
-from chat.protocol import wire
-from chat.runtime.availability import Unavailable
-from chat.runtime.backends import BackendError, BackendTimeout, DispatchError, RunContext, capped, get_backend
-from chat.runtime.db import db_read, db_write
-from chat.runtime.tools.host import ToolHost, config_error, tool_config
-from chat.runtime.tools.servers import model_name
-from chat.web import metrics
+from chat.protocol import frames, run_events
+from chat.runtime import inputs
+from chat.runtime.backends import (
+    AgentBackend,
+    BackendError,
+    BackendTimeout,
+    DispatchError,
+    RunContext,
+    capped,
+    get_backend,
+)
+from chat.runtime.tools.config import config_error, tool_config
+from chat.runtime.tools.host import ToolHost
 from gatewayproject import logs
 from sessions_app import gateway_reads
 from sessions_app.lifecycle import runs
-from sessions_app.models import Run, RunState
+from sessions_app.models import Run, RunErrorKind, RunState
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-_SERVICE_NAMES = {"database": "database", "channel_layer": "channel layer"}
 RETRY_SECONDS = 0.5  # between a run's attempts to write while the database is away
 FINISH_RETRY_MAX_SECONDS = 2.0
 
@@ -66,13 +76,36 @@ class DatabaseWait:
     def cleared(self) -> None:
         self.since = None
 
+    async def patiently(
+        self, call: Callable[..., Awaitable[Any]], fn: Callable[..., T], *args: Any, **kwargs: Any
+    ) -> T:
+        """A database call of the run (`db_read` or `db_write` of `fn`), tried again while the
+        database is away, for as long as the run may wait (then `DatabaseWaitOver`).
+
+        A write whose error left its commit unclear is tried again as it is: the caller makes
+        sure a second try cannot do twice what the first may have done.
+        """
+        while True:
+            try:
+                result: T = await call(fn, *args, **kwargs)
+            except Unavailable:
+                self.failed()
+                await asyncio.sleep(RETRY_SECONDS)
+                continue
+            self.cleared()
+            return result
+
 
 @dataclass
 class Progress:
-    """A run's reply so far, and how much of it is stored."""
+    """A run's reply so far, how much of it is stored (and sent), and how far the run has gone."""
 
     text: str = ""
     stored: str = ""
+    streaming: bool = False  # the backend's stream has begun
+    started: bool = False  # `running` is written
+    # the last delta sent, until the channel layer has it (`Broadcaster.send_tracked`)
+    sending: asyncio.Future[None] | None = None
 
     def unstored(self) -> str | None:
         """The whole reply, when part of it is not stored yet (for the run's ending to store)."""
@@ -216,207 +249,221 @@ class RunExecutor:
 
     async def _execute(self, run_pk: int, committed: Run | None = None) -> None:
         wait = DatabaseWait()
-        try:
-            logs.run_id.set(str(run_pk))
-            # Handed over by its own dispatch: as committed (an abort since then is caught by
-            # `mark_running`, before the backend streams). Otherwise (a claim, a lost hand-off) read.
-            run = committed
-            if run is None:
-                run = await _patiently(wait, db_read, gateway_reads.get_run, run_pk)
-            if run is None or run.state != RunState.DISPATCHING:
-                return
-            logs.run_id.set(run.run_id)
-            backend = get_backend(run.session.agent_id)
-            window = backend.context_messages if backend is not None else 0
-            transcript = await _patiently(wait, db_read, _transcript, run, window) if window else []
-            ctx = _context_for(run, transcript)
-            if config_error(ctx.agent) is None:  # a bad one failed the send before its ack
-                ctx.tools = ToolHost(run, run.session.agent_id, tool_config(ctx.agent), self.wait_change)
-        except asyncio.CancelledError:
-            raise
-        except DatabaseWaitOver:
-            await self.finish(run_pk, RunState.FAILED, error_kind="unavailable", error_message=stalled_message())
+        progress = Progress()
+        prepared = await self._prepare(run_pk, committed, wait, progress)
+        if prepared is None:
             return
-        except Exception:
-            # Not even loaded: end it rather than leave the row `running` (§8).
-            log.exception("run %s could not be prepared", run_pk)
-            await self.finish(run_pk, RunState.FAILED, error_kind="unknown", error_message="internal error")
-            return
+        run, backend, ctx = prepared
         loop = asyncio.get_running_loop()
         deadline = loop.time() + run.timeout_ms / 1000
-        progress = Progress()
         try:
             async with asyncio.timeout_at(deadline):
-                if backend is None:
-                    raise DispatchError(f"agent {run.session.agent_id!r} has no usable backend")
-                stream = capped(await backend.start(ctx), ctx)  # no event may outgrow maxPayload
-                try:
-                    running = await _patiently(wait, db_write, runs.mark_running, run_pk)
-                except BaseException:
-                    await _aclose(stream)
-                    raise
-                if not running and not await self._already_running(run_pk, wait):
-                    await _aclose(stream)
-                    return  # an abort owns the run: the backend never streams
-                text = await self._pump(run, stream, wait, progress)
-            await self.finish(
-                run_pk, RunState.DONE, reply=text, stop_reason=ctx.stop_reason, usage=ctx.usage, wait=wait
-            )
-        except DispatchError as exc:
+                text = await self._stream(run, backend, ctx, wait, progress)
+            # the rest of the reply is stored with the run's end, and sent just before it
             await self.finish(
                 run_pk,
-                RunState.FAILED,
-                error_kind="dispatch",
-                error_message=str(exc) or "dispatch failed",
-                reason="chat.dispatch-error",
-            )
-        except DatabaseWaitOver:
-            await self.finish(
-                run_pk,
-                RunState.FAILED,
-                error_kind="unavailable",
-                error_message=stalled_message(),
-                reply=progress.unstored(),
-            )
-        # Partial text needs no passing on when it is stored: every delta was stored before it
-        # was sent, and an ending without `reply` keeps what is stored. Text held back (the
-        # interval, or the database away) is stored with the ending.
-        except TimeoutError:
-            # The backend's work was cancelled at the deadline and its stream closed on the
-            # way out: how long that took is the run's cancellation time.
-            measured = max(0, int((loop.time() - deadline) * 1000))
-            await self.finish(
-                run_pk,
-                RunState.TIMEOUT,
-                error_kind="timeout",
-                stop_reason="timeout",
-                error_message=f"run exceeded its budget of {run.timeout_ms} ms (timeoutMs)",
-                cancel_ms=ctx.cancel_ms if ctx.cancel_ms is not None else measured,
-                reply=progress.unstored(),
-            )
-        except BackendTimeout as exc:
-            await self.finish(
-                run_pk,
-                RunState.TIMEOUT,
-                error_kind="timeout",
-                stop_reason="timeout",
-                error_message=exc.message,
-                cancel_ms=ctx.cancel_ms,
-                reply=progress.unstored(),
-            )
-        except BackendError as exc:
-            await self.finish(
-                run_pk, RunState.FAILED, error_kind=exc.kind, error_message=exc.message, reply=progress.unstored()
+                RunState.DONE,
+                reply=text,
+                stop_reason=ctx.stop_reason,
+                usage=ctx.usage,
+                wait=wait,
+                streamed=True,
+                announce_reply=self._announcer(run, progress),
             )
         except asyncio.CancelledError:
             raise  # the run was ended elsewhere; that transition already broadcast
-        except Unavailable as exc:
-            # A step that cannot wait for a service (a tool call's write, a layer send): the run
-            # fails, written once the database is back.
+        except Exception as exc:
+            overrun_ms = max(0, int((loop.time() - deadline) * 1000))
+            state, ending = _ending(exc, run, ctx, progress, overrun_ms)
+            if isinstance(exc, BackendError):  # what it had said goes out before its error, as any delta
+                ending["announce_reply"] = self._announcer(run, progress)
+            await self.finish(run_pk, state, streamed=progress.streaming, **ending)
+
+    async def _prepare(
+        self, run_pk: int, committed: Run | None, wait: DatabaseWait, progress: Progress
+    ) -> tuple[Run, AgentBackend | None, RunContext] | None:
+        """The run, its backend and its context; None when there is nothing to execute (any more)."""
+        try:
+            logs.run_id.set(str(run_pk))
+            # Handed over by its own dispatch: as committed (an abort since then is caught by the
+            # run's first write, `running`). Otherwise (a claim, a lost hand-off) read.
+            run = committed
+            if run is None:
+                run = await wait.patiently(db_read, gateway_reads.get_run, run_pk)
+            if run is None or run.state != RunState.DISPATCHING:
+                return None
+            logs.run_id.set(run.run_id)
+            backend = get_backend(run.session.agent_id)
+            request = inputs.request_of(run)
+            window = backend.context_messages if backend is not None and inputs.reads_transcript(request) else 0
+            transcript: list[dict[str, Any]] = []
+            answered: list[dict[str, str]] = []
+            if window or request.tool_results:
+                transcript, answered = await wait.patiently(db_read, inputs.read, run, window, request)
+            ctx = inputs.context_for(run, transcript, request, answered)
+            if config_error(ctx.agent) is None:  # a bad one failed the send before its ack
+                ctx.tools = ToolHost(run, run.session.agent_id, tool_config(ctx.agent), self.wait_change, wait)
+                # a tool step is the run's doing: `running` is written before it
+                ctx.tools.before_writes = functools.partial(self._started, run, wait, progress)
+            return run, backend, ctx
+        except asyncio.CancelledError:
+            raise
+        except DatabaseWaitOver:
             await self.finish(
-                run_pk,
-                RunState.FAILED,
-                error_kind="unavailable",
-                error_message=f"the {_SERVICE_NAMES.get(exc.dependency, exc.dependency)} was unavailable mid-run",
-                reply=progress.unstored(),
+                run_pk, RunState.FAILED, error_kind=RunErrorKind.UNAVAILABLE, error_message=stalled_message()
             )
         except Exception:
-            log.exception("run %s crashed", run_pk)
-            await self.finish(
-                run_pk, RunState.FAILED, error_kind="unknown", error_message="internal error", reply=progress.unstored()
-            )
+            # Not even loaded: end it rather than leave the row `running` (§8).
+            log.exception("run %s could not be prepared", run_pk)
+            await self.finish(run_pk, RunState.FAILED, error_kind=RunErrorKind.UNKNOWN, error_message="internal error")
+        return None
 
-    async def _already_running(self, run_pk: int, wait: DatabaseWait) -> bool:
-        """`mark_running` said no: was it our own earlier try, committed before its connection
-        broke (the retry then finds the run `running`)? Then the run carries on."""
-        run = await _patiently(wait, db_read, gateway_reads.get_run, run_pk)
-        return run is not None and run.state == RunState.RUNNING and run.owner_process == self.server_id
+    async def _stream(
+        self, run: Run, backend: AgentBackend | None, ctx: RunContext, wait: DatabaseWait, progress: Progress
+    ) -> str:
+        """Dispatch, then pump the stream: the whole reply (its end not stored yet: the run's end stores it).
+
+        `running` is written with the reply's first delta, or alone when the first delta interval
+        ends without text or a tool step comes first (`_pump`, `_started`): the status of a run is
+        coalesced as its deltas are. Its compare-and-set is the run's first write: if an abort owned
+        the run before it, the run stops there (CancelledError), its stream read no further.
+        """
+        if backend is None:
+            raise DispatchError(f"agent {run.session.agent_id!r} has no usable backend")
+        stream = capped(await backend.start(ctx), ctx)  # no event may outgrow maxPayload
+        progress.streaming = True
+        return await self._pump(run, stream, wait, progress)
 
     async def _pump(self, run: Run, stream: AsyncIterator[str], wait: DatabaseWait, progress: Progress) -> str:
-        """Stream chunks to clients, coalesced to one delta per interval, each stored first.
+        """Stream chunks to clients, coalesced to one delta per interval, each stored first; the
+        whole reply, its last part neither stored nor sent (the run's end does both).
 
         The interval counts from the start of the stream, and text held back by it goes out
         when the interval ends, whether or not more arrives: a reply that comes whole within
         one interval is one delta, and a model that pauses mid-reply still shows what it said.
-        While the database is away the stream is still read and the text held back; it is
-        tried again every RETRY_SECONDS, and all of it is stored before the stream's end counts.
+        `running` goes with the first delta, or alone when the first interval ends without text.
+        The stream is read by a task of its own (`_read`) while deltas are stored and sent
+        here, one at a time: the next once the interval has passed, it is stored, and the one
+        before has reached the channel layer. So a run's deltas coalesce as far as the database
+        or the layer is behind, instead of queueing up behind them, and the model is never kept
+        waiting for them; and reading a chunk costs no more than the chunk (no task, no wait of
+        its own). While the database is away the stream is still read and the text held back;
+        it is tried again every RETRY_SECONDS.
         """
         interval = settings.GATEWAY_DELTA_INTERVAL_MS / 1000
-        text = sent = ""
+        more = asyncio.Event()  # the reader added text, or ended
+        reader = asyncio.ensure_future(self._read(run, stream, progress, more))
+        sent = ""
         last = time.monotonic()
-        chunks = stream.__aiter__()
-        pending: asyncio.Future[str] | None = None
+        running_due = last + interval  # `running` alone, if no delta has taken it by then
         try:
-            while True:
-                if pending is None:
-                    pending = asyncio.ensure_future(chunks.__anext__())
-                if text != sent and not pending.done():
-                    # Held-back text: wait for more only until the interval ends.
-                    done, _ = await asyncio.wait({pending}, timeout=max(0.0, last + interval - time.monotonic()))
-                    if not done:
-                        if await self._flush(run, text, sent, wait, progress):
-                            sent, last = text, time.monotonic()
-                        else:
-                            last = time.monotonic() + RETRY_SECONDS - interval
+            while not reader.done():
+                if progress.text == sent:
+                    more.clear()
+                    if progress.started:
+                        await more.wait()
                         continue
-                try:
-                    chunk = await pending
-                except StopAsyncIteration:
-                    break
-                finally:
-                    pending = None if pending.done() else pending
-                if chunk and not text:
-                    metrics.first_token(run.session.agent_id, run.dispatched_at)
-                text += chunk
-                progress.text = text
-                now = time.monotonic()
-                if now - last >= interval:
-                    if await self._flush(run, text, sent, wait, progress):
-                        sent, last = text, now
-                    else:
-                        last = now + RETRY_SECONDS - interval
-            while text != sent:  # the reply's end: stored and sent before the run may end
-                if await self._flush(run, text, sent, wait, progress):
-                    sent = text
-                else:
-                    await asyncio.sleep(RETRY_SECONDS)
-            return text
-        except BackendError:
-            if text != sent:
-                with contextlib.suppress(DatabaseWaitOver):  # else the ending stores it
-                    await self._flush(run, text, sent, wait, progress)
-            raise
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(max(0.0, running_due - time.monotonic())):
+                            await more.wait()
+                    quiet = progress.text == sent and not reader.done() and time.monotonic() >= running_due
+                    if quiet and not await self._started(run, wait, progress, once=True):
+                        running_due = time.monotonic() + RETRY_SECONDS
+                    continue
+                due = last + interval - time.monotonic()
+                if due > 0:
+                    await asyncio.wait({reader}, timeout=due)  # the interval, or the reply's end
+                    continue
+                text = progress.text
+                last = time.monotonic()
+                if not await self._flush(run, text, sent, wait, progress):
+                    await asyncio.sleep(RETRY_SECONDS)  # the database away: the stream is read on meanwhile
+                    continue
+                sent = text
+            return reader.result()  # or the stream's error: what it said goes out with the run's end
         finally:
-            if pending is not None:
-                if not pending.done():
-                    pending.cancel()
-                    with contextlib.suppress(BaseException):
-                        await pending
-                elif not pending.cancelled():
-                    pending.exception()  # retrieved: a stream that ended while the run was ending is no error
+            if not reader.done():
+                reader.cancel()
+            with contextlib.suppress(BaseException):
+                await reader  # retrieved: a stream that failed while the run was ending is no error of its own
             await _aclose(stream)
 
+    async def _read(self, run: Run, stream: AsyncIterator[str], progress: Progress, more: asyncio.Event) -> str:
+        """Read the stream into `progress.text`, saying so (`more`) as it grows and when it ends."""
+        try:
+            async for chunk in stream:
+                if chunk and not progress.text:
+                    metrics.first_token(run.session.agent_id, run.dispatched_at)
+                progress.text += chunk
+                more.set()
+            return progress.text
+        finally:
+            more.set()
+
     async def _flush(self, run: Run, text: str, sent: str, wait: DatabaseWait, progress: Progress) -> bool:
-        """Store the text, then send what of it is new: True; False when the database is away (held back).
+        """Store the text (with `running`, the first time), then send what of it is new, once the layer
+        has the delta before (its send overlaps this one's write): True; False when the database is
+        away (held back).
 
         Raises CancelledError when the run ended elsewhere (no delta may follow its terminal
         event), and `DatabaseWaitOver` once the run may wait no longer.
         """
         try:
-            seq = await db_write(runs.record_delta, run.pk, text)
+            if progress.started:
+                seq = await db_write(runs.record_delta, run.pk, text)
+            else:
+                seq = await db_write(runs.start_reply, run.pk, text, owner_process=self.server_id)
         except Unavailable:
             wait.failed()
             return False
         wait.cleared()
         if seq is None:
             raise asyncio.CancelledError()  # ended elsewhere while streaming
+        progress.started = True
         progress.stored = text
-        payload = wire.delta_payload(
-            run.run_id, run.session.key, str(run.session_generation), seq, text[len(sent) :], text, wire.now_ms()
+        payload = run_events.delta_payload(
+            run.run_id, run.session.key, str(run.session_generation), seq, text[len(sent) :], text, frames.now_ms()
         )
         owner = run.session.owner_id
-        broadcaster.send(owner, chat_message(owner, run.pk, payload))
+        if progress.sending is not None:
+            await progress.sending
+        progress.sending = broadcaster.send_tracked(owner, chat_message(owner, run.pk, payload))
         return True
+
+    async def _started(self, run: Run, wait: DatabaseWait, progress: Progress, *, once: bool = False) -> bool:
+        """Write `running` (without text) unless it is: True once it is. Tried again while the database
+        is away, unless `once`; raises as `_flush` does."""
+        while not progress.started:
+            try:
+                seq = await db_write(runs.start_reply, run.pk, owner_process=self.server_id)
+            except Unavailable:
+                wait.failed()
+                if once:
+                    return False
+                await asyncio.sleep(RETRY_SECONDS)
+                continue
+            wait.cleared()
+            if seq is None:
+                raise asyncio.CancelledError()  # ended elsewhere before it ran
+            progress.started = True
+        return True
+
+    def _announcer(self, run: Run, progress: Progress) -> Callable[[int], None] | None:
+        """What sends the rest of the reply, stored with the run's end, as its last delta: registered
+        in that transaction (`runs.finish_run`), so that it goes out after commit, before the end."""
+        if progress.text == progress.stored:
+            return None
+        text, sent, owner = progress.text, progress.stored, run.session.owner_id
+
+        def announce(seq: int) -> None:
+            payload = run_events.delta_payload(
+                run.run_id, run.session.key, str(run.session_generation), seq, text[len(sent) :], text, frames.now_ms()
+            )
+            transaction.on_commit(
+                functools.partial(broadcaster.send, owner, chat_message(owner, run.pk, payload)), robust=True
+            )
+
+        return announce
 
     async def finish(self, run_pk: int, state: str, *, wait: DatabaseWait | None = None, **kwargs: Any) -> None:
         """End the run from its own task: retried on database errors, never cut short.
@@ -451,7 +498,8 @@ class RunExecutor:
                             state, wait = RunState.FAILED, None
                             kwargs = {
                                 "reply": kwargs.get("reply"),
-                                "error_kind": "unavailable",
+                                "streamed": kwargs.get("streamed", False),
+                                "error_kind": RunErrorKind.UNAVAILABLE,
                                 "error_message": stalled_message(),
                             }
                     await asyncio.sleep(delay)
@@ -466,17 +514,58 @@ class RunExecutor:
             self.finishing.discard(run_pk)
 
 
-async def _patiently(wait: DatabaseWait, call: Callable[..., Awaitable[T]], fn: Callable[..., Any], *args: Any) -> T:
-    """A database call of a run, tried again while the database is away, for as long as the run may wait."""
-    while True:
-        try:
-            result = await call(fn, *args)
-        except Unavailable:
-            wait.failed()
-            await asyncio.sleep(RETRY_SECONDS)
-            continue
-        wait.cleared()
-        return result
+def _ending(
+    exc: Exception, run: Run, ctx: RunContext, progress: Progress, overrun_ms: int
+) -> tuple[RunState, dict[str, Any]]:
+    """How a run that raised ends: its terminal state and what is stored with it.
+
+    Partial text needs no passing on when it is stored: every delta was stored before it was
+    sent, and an ending without `reply` keeps what is stored. Text held back (the interval, or
+    the database away) is stored with the ending (`reply`).
+    """
+    reply = progress.unstored()
+    if isinstance(exc, DispatchError):
+        return RunState.FAILED, {
+            "error_kind": RunErrorKind.DISPATCH,
+            "error_message": str(exc) or "dispatch failed",
+            "reason": "chat.dispatch-error",
+        }
+    if isinstance(exc, DatabaseWaitOver):
+        return RunState.FAILED, {
+            "error_kind": RunErrorKind.UNAVAILABLE,
+            "error_message": stalled_message(),
+            "reply": reply,
+        }
+    if isinstance(exc, TimeoutError):
+        # The backend's work was cancelled at the deadline and its stream closed on the way out:
+        # how long that took is the run's cancellation time.
+        return RunState.TIMEOUT, {
+            "error_kind": RunErrorKind.TIMEOUT,
+            "stop_reason": "timeout",
+            "error_message": f"run exceeded its budget of {run.timeout_ms} ms (timeoutMs)",
+            "cancel_ms": ctx.cancel_ms if ctx.cancel_ms is not None else overrun_ms,
+            "reply": reply,
+        }
+    if isinstance(exc, BackendTimeout):
+        return RunState.TIMEOUT, {
+            "error_kind": RunErrorKind.TIMEOUT,
+            "stop_reason": "timeout",
+            "error_message": exc.message,
+            "cancel_ms": ctx.cancel_ms,
+            "reply": reply,
+        }
+    if isinstance(exc, BackendError):
+        return RunState.FAILED, {"error_kind": exc.kind, "error_message": exc.message, "reply": reply}
+    if isinstance(exc, Unavailable):
+        # A step that cannot wait for a service (a layer send): the run fails, written once the
+        # database is back. (A tool step's writes wait, as the stream's do.)
+        return RunState.FAILED, {
+            "error_kind": RunErrorKind.UNAVAILABLE,
+            "error_message": f"the {availability.named(exc.dependency)} was unavailable mid-run",
+            "reply": reply,
+        }
+    log.error("run %s crashed", run.pk, exc_info=exc)
+    return RunState.FAILED, {"error_kind": RunErrorKind.UNKNOWN, "error_message": "internal error", "reply": reply}
 
 
 async def _unless_unavailable(write: Awaitable[Any]) -> None:
@@ -490,50 +579,3 @@ async def _aclose(stream: Any) -> None:
     if closer is not None:
         with contextlib.suppress(Exception):
             await closer()
-
-
-def _transcript(run: Run, window: int) -> list[dict[str, Any]]:
-    """The newest `window` messages of the run's generation (as much as its backend reads).
-
-    An assistant message of a run that called tools carries them (`tools`: id, the model's
-    function name, arguments, result, status and where in the text each came), so the model
-    is sent its calls and their results again rather than calling again to learn them.
-    """
-    messages = gateway_reads.context_messages(run, limit=window)
-    calls = gateway_reads.tool_calls_of({m.run_id for m in messages if m.role == "assistant" and m.run_id})
-    out = []
-    for m in messages:
-        item: dict[str, Any] = {"role": m.role, "text": m.text, "aborted": m.aborted, "run": m.run_id}
-        if m.role == "assistant" and m.run_id in calls:
-            item["tools"] = [
-                {
-                    "id": c.call_id,
-                    "name": model_name(c.server, c.tool),
-                    "arguments": c.arguments,
-                    "result": c.result,
-                    "status": c.state,
-                    "step": c.step,
-                    "offset": c.reply_offset,
-                }
-                for c in calls[m.run_id]
-            ]
-        out.append(item)
-    return out
-
-
-def _context_for(run: Run, transcript: list[dict[str, Any]]) -> RunContext:
-    """The backend's context: the run and its transcript."""
-    return RunContext(
-        run_pk=run.pk,
-        run_id=run.run_id,
-        session_key=run.session.key,
-        session_id=str(run.session_generation),
-        agent_id=run.session.agent_id,
-        agent=dict(settings.GATEWAY_AGENTS.get(run.session.agent_id, {})),
-        message=run.message,
-        attachments=list(run.attachments or []),
-        transcript=transcript,
-        timeout_ms=run.timeout_ms,
-        model=run.session.model_override,
-        thinking_level=run.session.thinking_level,
-    )

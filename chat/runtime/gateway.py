@@ -13,18 +13,18 @@ from typing import Any
 
 from channels.layers import get_channel_layer
 
+from chat.base import availability, health
+from chat.base.availability import ChannelLayerUnavailable
+from chat.base.db import db_write
 from chat.delivery import groups
 from chat.delivery.broadcaster import broadcaster
 from chat.delivery.hub import Hub
 from chat.delivery.layers import layer_unreachable
 from chat.delivery.messages import ProcessMessage
-from chat.runtime import availability, health
-from chat.runtime.availability import ChannelLayerUnavailable
-from chat.runtime.db import db_write
 from chat.runtime.executor import RunExecutor
 from chat.runtime.registry import connections
 from chat.runtime.supervisor import Supervisor
-from chat.runtime.tools.servers import close_pool
+from chat.runtime.tools.pool import close_pool
 from sessions_app import process
 
 log = logging.getLogger(__name__)

@@ -7,8 +7,8 @@
            process is not draining; 503 otherwise, so a load balancer stops sending it new
            connections. Every check has its own deadline, so the answer comes within ~2.5 s
            even when a dependency hangs; one this process knows to be away
-           (`chat.runtime.availability`) fails at once.
-/metrics   Prometheus text format (chat.web.metrics, state_gauges, run_metrics; chat.methods.timing)
+           (`chat.base.availability`) fails at once.
+/metrics   Prometheus text format (chat.base.metrics, state_gauges, run_metrics; chat.methods.timing)
 
 /readyz and /metrics answer only an allowed caller (`operator_allowed`): the bearer token
 GATEWAY_METRICS_TOKEN, or a client address in GATEWAY_METRICS_ALLOW (loopback by default);
@@ -35,9 +35,9 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from chat.runtime import availability, health
+from chat.base import availability, health
+from chat.base.metrics import channel_layer_failed
 from chat.runtime.gateway import runtime
-from chat.web.metrics import channel_layer_failed
 
 READY_TIMEOUT_SECONDS = 2.0
 

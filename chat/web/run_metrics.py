@@ -1,4 +1,4 @@
-"""Run outcomes, durations and tokens, counted from the `run_transitioned` signal (connected in
+"""Run starts, outcomes, durations and tokens, counted from the `run_transitioned` signal (connected in
 `ChatConfig.ready`) once the transition has committed."""
 
 from __future__ import annotations
@@ -8,14 +8,20 @@ from typing import Any
 
 from django.db import transaction
 
-from chat.web.metrics import RUN_DURATION_SECONDS, RUNS_ENDED, TOKENS
-from sessions_app.models import ACTIVE_STATES, TERMINAL_STATES, ChatSession, Run
+from chat.base.metrics import RUN_DURATION_SECONDS, RUNS_ENDED, RUNS_STARTED, TOKENS
+from sessions_app.models import ACTIVE_STATES, TERMINAL_STATES, ChatSession, Run, RunState
 
 
 def _observe_end(
-    agent: str, state: str, error_kind: str, seconds: float | None, prompt: int | None, completion: int | None
+    agent: str,
+    state: str,
+    error_kind: str,
+    surface: str,
+    seconds: float | None,
+    prompt: int | None,
+    completion: int | None,
 ) -> None:
-    RUNS_ENDED.labels(agent, state, error_kind or "").inc()
+    RUNS_ENDED.labels(agent, state, error_kind or "", surface).inc()
     if seconds is not None:
         RUN_DURATION_SECONDS.labels(agent, state).observe(seconds)
     if prompt and prompt > 0:  # a backend's odd usage report must not raise here
@@ -27,15 +33,20 @@ def _observe_end(
 def on_run_transition(
     sender: Any, run: Run, from_state: str, to_state: str, session: ChatSession | None = None, **kwargs: Any
 ) -> None:
-    """`run_transitioned` receiver (connected in ChatConfig.ready): outcomes, duration, tokens."""
+    """`run_transitioned` receiver (connected in ChatConfig.ready): admissions, outcomes, duration, tokens."""
+    agent = session.agent_id if session is not None else ""
+    surface = run.surface or "ws"
+    if to_state == RunState.DISPATCHING:
+        transaction.on_commit(partial(RUNS_STARTED.labels(agent, surface).inc), robust=True)
     if to_state not in TERMINAL_STATES:
         return
     seconds = None
     if from_state in ACTIVE_STATES and run.dispatched_at is not None and run.ended_at is not None:
         seconds = max(0.0, (run.ended_at - run.dispatched_at).total_seconds())
-    agent = session.agent_id if session is not None else ""
     # Counted after commit: a transition that rolls back never happened.
     transaction.on_commit(
-        partial(_observe_end, agent, to_state, run.error_kind, seconds, run.prompt_tokens, run.completion_tokens),
+        partial(
+            _observe_end, agent, to_state, run.error_kind, surface, seconds, run.prompt_tokens, run.completion_tokens
+        ),
         robust=True,  # a hook that raised would fail the writer's whole batch after it committed
     )

@@ -4,7 +4,7 @@ Active, queued and stuck runs, the oldest active run, live processes, open tool 
 and pending approvals: a few indexed queries after a probe with a short connect timeout, so
 every process reports the same cluster-wide values (take `max`, not `sum`) and a scrape answers
 in seconds even when the database is down. Also this process's database and channel-layer pools,
-and whether it can reach the database and the layer (`chat.runtime.availability`).
+and whether it can reach the database and the layer (`chat.base.availability`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from chat.runtime import availability, health
+from chat.base import availability, health
 from chat.runtime.registry import connections as gateway_connections
 from sessions_app import gateway_reads, operator_reads
 from sessions_app.operations.dbcheck import probe_database

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import secrets
+import time
 import uuid
 from collections import deque
 from typing import Any
@@ -18,7 +20,11 @@ from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
+from chat.base import metrics
+from chat.base.availability import Unavailable
+from chat.base.db import db_read, db_write
 from chat.delivery import groups
+from chat.delivery.connection import ConnectionState, HeldRun
 from chat.delivery.messages import (
     OPERATORS_VIA,
     AccessMessage,
@@ -28,18 +34,15 @@ from chat.delivery.messages import (
     ToolMessage,
     untyped,
 )
-from chat.methods import handlers
-from chat.protocol import frames, wire
-from chat.protocol.frames import ProtocolError, encode, invalid
-from chat.runtime.availability import Unavailable
-from chat.runtime.db import db_read, db_write
+from chat.methods import registry
+from chat.protocol import errors, frames, run_events, scopes
+from chat.protocol.errors import ProtocolError, invalid
+from chat.protocol.frames import encode
 from chat.runtime.gateway import runtime
-from chat.web import metrics
 from chat.websocket import access, handshake, outbound
-from chat.websocket.connection import ConnectionState
 from chat.websocket.ratelimit import TokenBucket
 from gatewayproject import logs
-from sessions_app.tokens import authenticate_token, current_access, hash_token
+from sessions_app.tokens import current_access, use_key
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +70,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         self.event_seq = 0
         self.token_hash: str | None = None
         self.session_key: str | None = None  # the login session of a cookie socket
+        self.key_scopes: frozenset[str] | None = None  # what an API key may grant (None: a login session)
         self.identity = access.Identity()
         self.bucket = TokenBucket()
         self.tasks: set[asyncio.Task[Any]] = set()
@@ -83,7 +87,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             await self.close(code=handshake.CLOSE_UNAVAILABLE)
             return
         await self.accept()
-        await self.send_event("connect.challenge", {"nonce": secrets.token_hex(16), "ts": wire.now_ms()})
+        await self.send_event("connect.challenge", {"nonce": secrets.token_hex(16), "ts": frames.now_ms()})
         self._spawn(self._connect_deadline())
 
     async def disconnect(self, code: int) -> None:
@@ -104,7 +108,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
 
         Channels closes stale database connections there (`aclose_old_connections`) for
         handlers that use the ORM on that thread. This consumer never does: all database
-        work goes through `chat.runtime.db`, which looks after its own threads' connections. With
+        work goes through `chat.base.db`, which looks after its own threads' connections. With
         every event of every connection queueing for that one thread, the hop was the
         gateway's main cost under fan-out.
         """
@@ -173,7 +177,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             self.bucket.take()
             if request.method == "connect":
                 raise invalid("already connected", field="method")
-            reply = await handlers.dispatch(self, request.method, request.params)
+            reply = await registry.dispatch(self, request.method, request.params)
         except ProtocolError as exc:
             await self._reply_error(request.id, exc)
             return
@@ -192,7 +196,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             return
         await self._send_reply(request.id, reply)
 
-    async def _send_held(self, rid: str, reply: handlers.Reply) -> None:
+    async def _send_held(self, rid: str, reply: registry.Reply) -> None:
         assert reply.wait is not None
         try:
             final = await reply.wait()
@@ -207,7 +211,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             self.state.held_acks -= 1
         await self._send_reply(rid, final)
 
-    async def _send_reply(self, rid: str, reply: handlers.Reply) -> None:
+    async def _send_reply(self, rid: str, reply: registry.Reply) -> None:
         if reply.error is not None:
             await self._send_frame(frames.response_error(rid, reply.error, reply.payload))
         else:
@@ -254,28 +258,32 @@ class GatewayConsumer(AsyncWebsocketConsumer):
             return
         state.user_id, state.username, staff = identity
         self.identity = access.Identity(self.token_hash, access.session_digest(self.session_key))
-        state.scopes = handshake.granted_scopes(params.requested_scopes, staff=staff)
+        state.scopes = handshake.granted_scopes(params.requested_scopes, staff=staff, key=self.key_scopes)
         state.caps = params.caps
-        state.status_phases = wire.status_phases(params.client_id)
+        state.status_phases = run_events.status_phases(params.client_id)
         state.authed = True
         await self.join_group(groups.user_group(state.user_id))
         runtime.connections.add(self)
         hello = handshake.hello_ok(
-            conn_id=self.conn_id, scopes=state.scopes, username=state.username, methods=handlers.listed_methods()
+            conn_id=self.conn_id, scopes=state.scopes, username=state.username, methods=registry.listed_methods()
         )
         await self._send_frame(frames.response_ok(request.id, hello))
         self._spawn(self._tick_loop())
 
     async def _identify(self, params: handshake.ConnectParams) -> tuple[int, str, bool] | None:
+        """Who this is (user id, name, staff); a key's scopes cap what it is granted (`key_scopes`)."""
         if params.has_token:
-            user = await db_write(authenticate_token, params.token, urgent=True)
-            self.token_hash = hash_token(params.token) if params.token is not None else None
-        else:
-            user = await db_read(_scope_user, self.scope)
-            session = self.scope.get("session")
-            self.session_key = getattr(session, "session_key", None) if user is not None else None
+            holder = await db_write(use_key, params.token, urgent=True)
+            if holder is None:
+                return None
+            self.token_hash = holder.token_hash
+            self.key_scopes = scopes.of_key(holder.scopes)
+            return holder.user_id, holder.username, holder.is_staff
+        user = await db_read(_scope_user, self.scope)
         if user is None:
             return None
+        session = self.scope.get("session")
+        self.session_key = getattr(session, "session_key", None)
         return int(user.pk), user.get_username(), bool(getattr(user, "is_staff", False))
 
     async def _connect_deadline(self) -> None:
@@ -285,7 +293,10 @@ class GatewayConsumer(AsyncWebsocketConsumer):
 
     async def join_group(self, group: str) -> None:
         """Receive a group's events for the rest of the connection (left on disconnect)."""
+        # a run found open by a read before it listened may have ended unheard (`first_sight`)
+        self.state.listening_since = math.inf
         await runtime.hub.join(group, self)
+        self.state.listening_since = time.monotonic()
 
     # --- revocation (chat.websocket.access) ---------------------------------------------------------------------
 
@@ -304,7 +315,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
         state = self.state
         if not state.is_admin:
             return
-        state.scopes = [s for s in state.scopes if s != frames.Scope.ADMIN]
+        state.scopes = [s for s in state.scopes if s != scopes.Scope.ADMIN]
         if state.subscribed_all:
             state.set_subscription(True)
         await runtime.hub.leave(groups.OPERATORS, self)
@@ -313,6 +324,10 @@ class GatewayConsumer(AsyncWebsocketConsumer):
 
     async def gateway_chat(self, message: ChatMessage) -> None:
         """A run event from the layer (its payload already encoded: see `delivery.chat_message`)."""
+        if not self._held(message):
+            await self._chat(message)
+
+    async def _chat(self, message: ChatMessage) -> None:
         state = self.state
         run_pk = int(message["run"])
         if (
@@ -329,9 +344,59 @@ class GatewayConsumer(AsyncWebsocketConsumer):
 
     async def gateway_tool(self, message: ToolMessage) -> None:
         """A tool call's or approval's events (TOOLS.md §13.3, §13.5), to those entitled to them."""
+        if not self._held(message):
+            await self._tool(message)
+
+    async def _tool(self, message: ToolMessage) -> None:
         state = self.state
         if state.authed and state.may_see(int(message["owner"]), via_operators=message.get("via") == OPERATORS_VIA):
             await self.send_events(state.tool_events(message))
+
+    def _held(self, message: ChatMessage | ToolMessage) -> bool:
+        """Whether a run event waits for its run as stored: the first event of a run this connection
+        never heard of (`ConnectionState.first_heard`), and every event of that run behind it."""
+        state = self.state
+        run_pk = int(message["run"])
+        held = state.held.get(run_pk)
+        if held is not None:
+            held.events.append(message)
+            return True
+        if (
+            message["type"] != "gateway.chat"
+            or not state.authed
+            or not state.may_see(int(message["owner"]), via_operators=message.get("via") == OPERATORS_VIA)
+            or not state.first_heard(run_pk, message["payload"], written_at=message.get("at"))
+        ):
+            return False
+        state.held[run_pk] = HeldRun(message, [message])
+        self._spawn(self._first_sight(run_pk))
+        return True
+
+    async def _first_sight(self, run_pk: int) -> None:
+        """Settle a held run (one read per process, shared) and hand on what its events came to, in order."""
+        state = self.state
+        try:
+            try:
+                stored = await runtime.hub.first_sight.stored(run_pk, state.listening_since)
+            except Exception:  # (the database away) followed, as before the check: repair ends it
+                log.debug("a run first heard of could not be read", exc_info=True)
+                stored = None
+            state.settle(run_pk, stored)
+            events = state.held[run_pk].events
+            while events:
+                if self.busy:
+                    # after the answer to the frame being handled, as `deliver` would have had them
+                    self.deferred.extend(events)
+                    return
+                message = events.pop(0)
+                if message["type"] == "gateway.chat":
+                    await self._chat(message)
+                else:
+                    await self._tool(message)
+        except Exception:  # as the hub's delivery: a closing socket is no error of the process
+            log.debug("delivery of a run first heard of failed", exc_info=True)
+        finally:
+            state.held.pop(run_pk, None)
 
     async def gateway_session(self, message: SessionMessage) -> None:
         """A sessions.changed from the layer (encoded: see `delivery.session_message`)."""
@@ -368,7 +433,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
 
     async def _reply_unavailable(self, rid: str, exc: Unavailable) -> None:
         metrics.UNAVAILABLE_ANSWERS.labels(exc.dependency).inc()
-        await self._reply_error(rid, frames.unavailable(exc.dependency, retry_after_ms=exc.retry_after_ms))
+        await self._reply_error(rid, errors.unavailable(exc.dependency, retry_after_ms=exc.retry_after_ms))
 
     async def _tick_loop(self) -> None:
         while True:
@@ -386,7 +451,7 @@ class GatewayConsumer(AsyncWebsocketConsumer):
                 return
             if now is not None and not now.staff:
                 await self._downgrade()
-            await self.send_event("tick", {"ts": wire.now_ms()})
+            await self.send_event("tick", {"ts": frames.now_ms()})
             if self.outbound.closing:
                 return
 

@@ -7,8 +7,9 @@ from typing import Any
 
 from django.conf import settings
 
-from chat.protocol import frames
-from chat.protocol.frames import ProtocolError, Scope, invalid
+from chat.protocol import fields, frames, keys
+from chat.protocol.errors import ProtocolError, invalid
+from chat.protocol.scopes import Scope
 
 # close codes (§2)
 CLOSE_POLICY = 4008
@@ -38,8 +39,8 @@ class HandshakeError(Exception):
 def parse_connect(params: dict[str, Any]) -> ConnectParams:
     """Validate `connect` params; raise HandshakeError."""
     try:
-        lo = frames.get_int(params, "minProtocol", lo=0, hi=1_000_000, default=None)
-        hi = frames.get_int(params, "maxProtocol", lo=0, hi=1_000_000, default=None)
+        lo = fields.get_int(params, "minProtocol", lo=0, hi=1_000_000, default=None)
+        hi = fields.get_int(params, "maxProtocol", lo=0, hi=1_000_000, default=None)
         if lo is None or hi is None:
             raise invalid(
                 "minProtocol and maxProtocol are required", field="minProtocol" if lo is None else "maxProtocol"
@@ -77,20 +78,23 @@ IMPLIED: dict[str, tuple[str, ...]] = {
 ORDER = (Scope.READ.value, Scope.WRITE.value, Scope.ADMIN.value, Scope.APPROVALS.value)
 
 
-def granted_scopes(requested: list[Any] | None, *, staff: bool) -> list[str]:
-    """What the client asked for (with what each scope implies), within what the user may have.
+def granted_scopes(requested: list[Any] | None, *, staff: bool, key: frozenset[str] | None = None) -> list[str]:
+    """What the client asked for (with what each scope implies), within what the user may have and,
+    for an API key, within what the key may grant (`key`: operator scopes, `scopes.of_key`).
 
     Every user may have read, write and `operator.approvals` (their own tool approvals, TOOLS.md
     §13.5); only staff may have admin, so a non-staff user asking for admin gets what admin implies
     that they may have, never admin. No scopes asked: read and write, plus admin for staff
     (approvals only when asked for, so a page that never answers approvals is not sent them).
+    A key with the default scopes (read, write, approvals) leaves all of this as it was.
     """
     if requested is None:
-        return [Scope.READ.value, Scope.WRITE.value] + ([Scope.ADMIN.value] if staff else [])
-    wanted = {s for s in requested if isinstance(s, str)}
-    for scope in list(wanted):
-        wanted.update(IMPLIED.get(scope, ()))
-    return [s for s in ORDER if s in wanted and (staff or s != Scope.ADMIN.value)]
+        wanted = {Scope.READ.value, Scope.WRITE.value, Scope.ADMIN.value}
+    else:
+        wanted = {s for s in requested if isinstance(s, str)}
+        for scope in list(wanted):
+            wanted.update(IMPLIED.get(scope, ()))
+    return [s for s in ORDER if s in wanted and (staff or s != Scope.ADMIN.value) and (key is None or s in key)]
 
 
 def hello_ok(*, conn_id: str, scopes: list[str], username: str, methods: list[str]) -> dict[str, Any]:
@@ -109,8 +113,8 @@ def hello_ok(*, conn_id: str, scopes: list[str], username: str, methods: list[st
             "tickIntervalMs": settings.GATEWAY_TICK_INTERVAL_MS,
             "maxMessageChars": settings.GATEWAY_MAX_MESSAGE_CHARS,
             # whole-string patterns, in the syntax JavaScript's RegExp also reads
-            "sessionKeyNamePattern": f"^{frames.KEY_NAME_RE.pattern}$",
-            "agentIdPattern": f"^{frames.AGENT_ID_RE.pattern}$",
-            "idempotencyKeyPattern": f"^{frames.RUN_ID_RE.pattern}$",
+            "sessionKeyNamePattern": f"^{keys.KEY_NAME_RE.pattern}$",
+            "agentIdPattern": f"^{keys.AGENT_ID_RE.pattern}$",
+            "idempotencyKeyPattern": f"^{fields.RUN_ID_RE.pattern}$",
         },
     }

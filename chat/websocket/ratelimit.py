@@ -6,7 +6,7 @@ import time
 
 from django.conf import settings
 
-from chat.protocol.frames import ProtocolError
+from chat.protocol.errors import ProtocolError
 
 
 class TokenBucket:

@@ -1,12 +1,13 @@
-"""What the model admins share: row annotations in one query per page, bulk-action limits, skipped rows,
-the audit timeline table."""
+"""What the model admins share: row annotations in one query per page, bulk-action limits, per-row
+actions and their skipped rows, the audit timeline table."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from django.conf import settings
 from django.contrib import admin, messages
@@ -31,7 +32,10 @@ RUNS_SHOWN = 50  # runs inline on the session page; the rest are one click away
 TIMELINE_SHOWN = 200  # audit rows on the session and run pages
 
 # Columns never needed by a list or an inline: keep them out of the SELECT.
-RUN_HEAVY_FIELDS = ("message", "reply", "attachments", "body_hash")
+RUN_HEAVY_FIELDS = ("message", "reply", "attachments", "body_hash", "request")
+
+RowT = TypeVar("RowT")
+DoneT = TypeVar("DoneT")
 
 
 def duration(start: datetime | None, end: datetime | None) -> str:
@@ -50,24 +54,31 @@ def duration(start: datetime | None, end: datetime | None) -> str:
     return f"{text} (running)" if running else text
 
 
-class PageAnnotatedPaginator(Paginator):
-    """Counts cheaply, then fetches a page as ids first and annotates only those rows.
+class EstimatedCountPaginator(Paginator):
+    """Counts cheaply: large counts are the planner's estimate on PostgreSQL
+    (`operator_reads.estimated_count`), so a page of a big table reads one page of rows."""
 
-    Annotations that reach into related tables add joins; applied before LIMIT/OFFSET
-    they make the database join every row of a 1M-row table to return 50. The page's
-    ids come from the plain, index-ordered query; the annotated query reads just them.
-    Large counts are the planner's estimate on PostgreSQL (`operator_reads.estimated_count`).
-    """
-
-    def __init__(self, object_list: Any, per_page: int, rows: Callable[[Any], list[Any]], **kwargs: Any) -> None:
+    def __init__(self, object_list: Any, per_page: int, **kwargs: Any) -> None:
         super().__init__(object_list, per_page, **kwargs)
-        self.rows = rows
         self.exact = True
 
     @cached_property
     def count(self) -> int:  # type: ignore[override]
         number, self.exact = operator_reads.estimated_count(self.object_list)  # type: ignore[arg-type]
         return number
+
+
+class PageAnnotatedPaginator(EstimatedCountPaginator):
+    """Counts cheaply, then fetches a page as ids first and annotates only those rows.
+
+    Annotations that reach into related tables add joins; applied before LIMIT/OFFSET
+    they make the database join every row of a 1M-row table to return 50. The page's
+    ids come from the plain, index-ordered query; the annotated query reads just them.
+    """
+
+    def __init__(self, object_list: Any, per_page: int, rows: Callable[[Any], list[Any]], **kwargs: Any) -> None:
+        super().__init__(object_list, per_page, **kwargs)
+        self.rows = rows
 
     def page(self, number: Any) -> Any:
         number = self.validate_number(number)
@@ -193,6 +204,46 @@ class Skipped:
         if len(self.reasons) == 1:
             return f"; skipped {total}: {next(iter(self.reasons))}"
         return f"; skipped {total}: " + ", ".join(f"{n} {why}" for why, n in self.reasons.most_common())
+
+
+@dataclass
+class Acted(Generic[DoneT]):
+    """What a per-row action did: what its call returned for each row it changed, and the rows it skipped."""
+
+    done: list[DoneT]
+    skipped: Skipped
+
+    def tell(self, model_admin: admin.ModelAdmin[Any], request: HttpRequest, text: str) -> None:
+        """The action's one message: `text`, then what it skipped; a warning when it changed nothing."""
+        level = messages.SUCCESS if self.done else messages.WARNING
+        model_admin.message_user(request, f"{text}{self.skipped.suffix()}.", level)
+
+
+def act_on_each(
+    model_admin: admin.ModelAdmin[Any],
+    request: HttpRequest,
+    rows: Iterable[RowT],
+    call: Callable[[RowT], DoneT | None],
+    *,
+    log: Callable[[DoneT], str] | None = None,
+) -> Acted[DoneT]:
+    """An action's rows, one lifecycle call each (`call(row)`): what it did, or None when it found
+    nothing to do. A row whose call fails (`LifecycleError`) is skipped and counted by reason; with
+    `log`, each row changed gets its change-log entry (`log(what the call did)`)."""
+    done: list[DoneT] = []
+    skipped = Skipped()
+    for row in list(rows):
+        try:
+            result = call(row)
+        except LifecycleError as exc:  # deleted or changed meanwhile: the other rows go on
+            skipped.add(exc)
+            continue
+        if result is None:
+            continue
+        done.append(result)
+        if log is not None:
+            model_admin.log_change(request, row, log(result))
+    return Acted(done, skipped)
 
 
 def live_ids(request: HttpRequest) -> set[str]:

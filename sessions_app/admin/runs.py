@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.db.models import F, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
@@ -14,22 +15,24 @@ from sessions_app import operator_reads
 from sessions_app.admin.common import (
     RUN_HEAVY_FIELDS,
     RowAnnotationsMixin,
-    Skipped,
+    act_on_each,
     duration,
     timeline_events,
     timeline_table,
     too_many,
 )
-from sessions_app.admin.tools import tool_call_table
-from sessions_app.lifecycle import LifecycleError
+from sessions_app.admin.toolcalls import tool_call_table
 from sessions_app.lifecycle import sessions as session_services
 from sessions_app.models import (
     ACTIVE_STATES,
     Actor,
     LifecycleEvent,
     Run,
+    RunErrorKind,
     RunState,
 )
+
+REQUEST_SHOWN_CHARS = 20_000  # of a run's HTTP request on its page (a whole chat may carry images)
 
 
 class ErrorKindFilter(admin.SimpleListFilter):
@@ -37,10 +40,9 @@ class ErrorKindFilter(admin.SimpleListFilter):
 
     title = "error kind"
     parameter_name = "error_kind"
-    KINDS = ("dispatch", "backend", "timeout", "interrupted", "rate_limit", "context_length", "unknown")
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(k, k) for k in self.KINDS]
+        return [(k, k) for k in RunErrorKind.values]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         return queryset.filter(error_kind=self.value()) if self.value() else queryset
@@ -68,6 +70,7 @@ class RunAdmin(RowAnnotationsMixin, admin.ModelAdmin):
         "session_link",
         "owner_name",
         "state",
+        "surface",
         "owner_process",
         "created_at",
         "dispatched_at",
@@ -79,7 +82,7 @@ class RunAdmin(RowAnnotationsMixin, admin.ModelAdmin):
         "completion_tokens",
         "tool_calls",
     )
-    list_filter = ("state", ErrorKindFilter, WaitingOnApprovalFilter)
+    list_filter = ("state", "surface", ErrorKindFilter, WaitingOnApprovalFilter)
     search_fields = ("=run_id",)  # enables the search box; the lookup itself is below
     search_help_text = "Exact runId."
     ordering = ("-id",)
@@ -91,11 +94,13 @@ class RunAdmin(RowAnnotationsMixin, admin.ModelAdmin):
         "run_id",
         "session_generation",
         "state",
+        "surface",
         "queue_mode",
         "queue_seq",
         "message",
         "reply",
         "attachments_summary",
+        "http_request",
         "stream_seq",
         "error_kind",
         "error_message",
@@ -183,27 +188,37 @@ class RunAdmin(RowAnnotationsMixin, admin.ModelAdmin):
         items = obj.attachments or []
         return ", ".join(f"{a.get('fileName') or '-'} ({a.get('mimeType')})" for a in items) or "-"
 
+    @admin.display(description="HTTP request")
+    def http_request(self, obj: Run) -> str:
+        """What an HTTP request gave the run (HTTP-API.md §14.3): its instructions, the earlier messages a
+        stateless request brought (not turns of its session, so not in `chat.history`), tool results,
+        parameters; client tools by name. Long texts are cut."""
+        if not obj.request:
+            return "-"
+        shown = {k: v for k, v in obj.request.items() if v not in ("", [], {}, None, False)}
+        if "client_tools" in shown:
+            shown["client_tools"] = [tool.get("name") for tool in shown["client_tools"]]
+        text = json.dumps(shown, indent=1, ensure_ascii=False)
+        if len(text) > REQUEST_SHOWN_CHARS:
+            text = text[:REQUEST_SHOWN_CHARS] + f"\n… ({len(text) - REQUEST_SHOWN_CHARS} more characters)"
+        return format_html('<pre style="white-space: pre-wrap">{}</pre>', text)
+
     @admin.action(description="Abort selected runs (queued or active)", permissions=["change"])
     def abort_selected(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
         if too_many(self, request, queryset, "end dead-process runs with `manage.py recover_runs`."):
             return
-        aborted: list[str] = []
-        skipped = Skipped()
-        for run in list(self.annotate_rows(queryset, request).filter(state__in=(RunState.QUEUED, *ACTIVE_STATES))):
-            try:
-                outcome = session_services.abort(
-                    owner_id=run.session_owner_id,
-                    key=run.session_key,
-                    run_id=run.run_id,
-                    owner_process="",
-                    stop_reason="operator",
-                    actor=Actor.OPERATOR,
-                )
-            except LifecycleError as exc:  # its session was deleted meanwhile (and the run with it)
-                skipped.add(exc)
-                continue
-            if outcome.aborted:
-                aborted += outcome.run_ids
-                self.log_change(request, run, "Aborted by operator")
-        level = messages.SUCCESS if aborted else messages.WARNING
-        self.message_user(request, f"Aborted {len(aborted)} run(s){skipped.suffix()}.", level)
+
+        def abort(run: Any) -> list[str] | None:
+            outcome = session_services.abort(
+                owner_id=run.session_owner_id,
+                key=run.session_key,
+                run_id=run.run_id,
+                owner_process="",
+                stop_reason="operator",
+                actor=Actor.OPERATOR,
+            )
+            return outcome.run_ids if outcome.aborted else None
+
+        rows = self.annotate_rows(queryset, request).filter(state__in=(RunState.QUEUED, *ACTIVE_STATES))
+        acted = act_on_each(self, request, rows, abort, log=lambda run_ids: "Aborted by operator")
+        acted.tell(self, request, f"Aborted {sum(len(run_ids) for run_ids in acted.done)} run(s)")

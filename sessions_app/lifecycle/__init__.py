@@ -5,7 +5,8 @@ One subject a module, around the one `core.transition`:
 - `runs`: admission of a send and each step of a run up to its terminal state;
 - `sessions`: create, rename, abort, stop, reset, delete;
 - `operators`: operator actions and repairs;
-- `retention`: deleting idle sessions.
+- `idle`: what an idle session is, and deleting idle sessions;
+- `toolcalls`: tool calls and approvals.
 
 Every service is synchronous and runs its whole unit (lock, check, write, signal) in
 one `transaction.atomic()` block; async callers go through a database thread. Each

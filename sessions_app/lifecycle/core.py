@@ -8,6 +8,10 @@ abort, error or end changes nothing and emits nothing.
 
 from __future__ import annotations
 
+import hashlib
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
@@ -23,6 +27,8 @@ from sessions_app.models import (
     Message,
     Run,
     RunState,
+    RunSurface,
+    SessionKind,
     SessionStatus,
 )
 from sessions_app.transitions import sources_for
@@ -81,30 +87,39 @@ def lock_session(*, owner_id: int | None = None, key: str | None = None, pk: int
 
 
 def lock_run(run_pk: int) -> tuple[ChatSession, Run] | None:
-    """A run and its session, the session row-locked first; None when either is gone.
+    """A run and its session, the session row-locked first (and the run), in one statement; None
+    when either is gone.
 
-    Read after the lock, the run's state is current: every state change holds it.
+    Read under the lock, the run's state is current: every state change holds it.
     """
-    session = statements.session(
-        f"s.id = (SELECT session_id FROM {Run._meta.db_table} WHERE id = %s)", [run_pk], lock=True
-    )
-    run = statements.run("r.id = %s", [run_pk]) if session is not None else None
-    return None if run is None or session is None else (session, run)
+    return statements.locked_run(run_pk)
 
 
-def lock_or_create_session(*, owner_id: int, key: str, agent_id: str, actor: str) -> ChatSession:
-    """The locked session, created once even when two creators race."""
+def lock_or_create_session(
+    *, owner_id: int, key: str, agent_id: str, actor: str, kind: str = SessionKind.DIRECT
+) -> ChatSession:
+    """The locked session, created once (of `kind`) even when two creators race."""
     existing = _lock_by_key(owner_id, key)
     if existing is not None:
         return existing
     try:
         with transaction.atomic():  # savepoint: the unique constraint decides the race
-            session = ChatSession.objects.create(owner_id=owner_id, key=key, agent_id=agent_id)
+            session = ChatSession.objects.create(owner_id=owner_id, key=key, agent_id=agent_id, kind=kind)
     except IntegrityError:
         return lock_session(owner_id=owner_id, key=key)
     session.active_run = session.last_run = None  # known: no query to find out
     row_changed(session, reason="create", actor=actor)
     return session
+
+
+def lock_name(name: str) -> None:
+    """Serialise the transactions that take this name until each ends, where no row exists yet to
+    lock: PostgreSQL's advisory transaction lock (SQLite's IMMEDIATE transactions already serialise
+    every writer)."""
+    if connection.vendor == "postgresql":
+        lock = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [lock])
 
 
 # --- the session row ------------------------------------------------------------------------
@@ -145,6 +160,27 @@ def take_outcome(session: ChatSession, run: Run | None) -> None:
     session.last_run_error = run.error_message if run.state in (RunState.FAILED, RunState.TIMEOUT) else ""
     # the row's token counts are its last run's, as stored (None when it reported none)
     session.input_tokens, session.output_tokens = run.prompt_tokens, run.completion_tokens
+
+
+def dispatch_stamp(owner_process: str) -> dict[str, Any]:
+    """What a run entering `dispatching` is stamped with: its dispatch time and its owner."""
+    return _stamped(RunState.DISPATCHING, {}, owner_process=owner_process)
+
+
+def start_inserted(run: Run, session: ChatSession, *, reason: str, actor: str) -> None:
+    """A new run inserted `dispatching` (`dispatch_stamp`, `stream_seq` 1) into the free slot of its
+    locked session: what `transition` does for a queued run it starts, without the compare-and-set
+    (nothing else can have seen the row). Its audit row and events say queued -> dispatching."""
+    _activate(session, run)
+    emit_run(
+        run,
+        session,
+        from_state=RunState.QUEUED,
+        to_state=RunState.DISPATCHING,
+        reason=reason,
+        actor=actor,
+        row_changed=True,
+    )
 
 
 def _activate(session: ChatSession, run: Run) -> None:
@@ -192,6 +228,16 @@ def emit_run(
     )
 
 
+@dataclass(frozen=True)
+class Reply:
+    """Reply text (the whole reply so far) a transition stores and announces as a delta of its own."""
+
+    text: str
+    # Called in the transaction with the delta's seq, to send it after commit, in order with the
+    # transition's events; None: the caller sends it once the service returns (with that seq).
+    announce: Callable[[int], None] | None = None
+
+
 def transition(
     run: Run,
     to_state: str,
@@ -201,6 +247,8 @@ def transition(
     actor: str,
     owner_process: str,
     start_next: bool = True,
+    via: str | None = None,
+    text: Reply | None = None,
     **values: Any,
 ) -> bool:
     """Compare-and-set `run` into `to_state`; return False when another transition won.
@@ -210,43 +258,130 @@ def transition(
     the process that executes it, or '' to leave it for any live server to claim.
     Terminal transitions update the row only for the active run of the current
     generation (§8).
+
+    `via`: a state the run passes through on its way (`running`, for a run whose stream began
+    before that was written), a step of its own in the events and the audit trail, written in the
+    same compare-and-set. `text`: reply text stored with it, announced as a delta after the run started
+    running and before it ended. Each event takes its own seq, in that order.
     """
     from_state = run.state
-    if from_state not in sources_for(to_state):
+    path = [from_state, *([via] if via is not None else []), to_state]
+    if any(src not in sources_for(dst) for src, dst in itertools.pairwise(path)):
         return False
+    terminal = to_state in TERMINAL_STATES
+    updates = _stamped(to_state, values, owner_process=owner_process)
+    if via is not None:
+        updates = {**_stamped(via, {}, owner_process=owner_process), **updates}
+    if text is not None:
+        updates["reply"] = text.text
+        if run.surface == RunSurface.HTTP:  # the delta's boundary, as `record_delta` keeps it
+            updates["marks"] = [*run.marks, len(text.text)]
+    if terminal and run.tool_calls:
+        # its open calls and approvals end with it, their events before its own (TOOLS.md §13.2)
+        toolstate.close_open(
+            run, session, to_state=to_state, stop_reason=str(values.get("stop_reason", "")), actor=actor
+        )
+    before = (run.ended_at, run.completion_tokens)  # as the run stood in the steps before its end
+    events = len(path) - 1 + (text is not None)
+    with statements.inserts_together():  # the audit rows of every step, and of the next run's start
+        if not _compare_and_set(run, to_state, updates, events=events):
+            if terminal and run.tool_calls:
+                # Cannot happen under the session lock; if it did, the calls closed above must not stand.
+                raise RuntimeError(f"run {run.pk} changed under its session lock")
+            return False
+        if from_state == RunState.QUEUED:
+            _left_queue(session, run)
+        seq = run.stream_seq - events + 1
+        if via is not None:
+            _announce_step(run, session, from_state, via, seq, before, actor=actor)
+            from_state, seq = via, seq + 1
+        if not terminal:
+            activated = to_state == RunState.DISPATCHING
+            if activated:
+                _activate(session, run)
+            _announce_step(
+                run, session, from_state, to_state, seq, before, reason=reason, actor=actor, changed=activated
+            )
+            seq += 1
+        if text is not None and text.announce is not None:
+            text.announce(seq)
+        if not terminal:
+            return True
+        was_active, changed = _release_row(session, run, from_state)
+        _keep_reply(session, run, from_state, to_state)
+        emit_run(
+            run, session, from_state=from_state, to_state=to_state, reason=reason, actor=actor, row_changed=changed
+        )
+        if was_active and start_next:
+            start_next_queued(session, actor=Actor.SYSTEM, owner_process=owner_process)
+    return True
+
+
+# the reason of the `running` step a run takes on its way to a later state (`transition`'s `via`)
+REASON_FOR_STEP: dict[str, str] = {RunState.RUNNING: "run.running"}
+
+
+def _announce_step(
+    run: Run,
+    session: ChatSession,
+    from_state: str,
+    to_state: str,
+    seq: int,
+    before: tuple[Any, Any],
+    *,
+    actor: str,
+    reason: str | None = None,
+    changed: bool = False,
+) -> None:
+    """Announce a non-terminal step of a transition at its own seq, the run as it stood then."""
+    after = (run.state, run.stream_seq, run.ended_at, run.completion_tokens)
+    run.state, run.stream_seq = to_state, seq
+    run.ended_at, run.completion_tokens = before
+    try:
+        emit_run(
+            run,
+            session,
+            from_state=from_state,
+            to_state=to_state,
+            reason=reason or REASON_FOR_STEP[to_state],
+            actor=Actor.SYSTEM if reason is None else actor,
+            row_changed=changed,
+        )
+    finally:
+        run.state, run.stream_seq, run.ended_at, run.completion_tokens = after
+
+
+def _left_queue(session: ChatSession, run: Run) -> None:
+    """The run left its session's queue: so does the queue known with the locked row (if any)."""
+    queue = statements.known_queue(session)
+    if queue is None:
+        return
+    if run.run_id in queue:
+        queue.remove(run.run_id)
+    else:  # not what was read: read it again when it is needed
+        statements.forget_queue(session)
+
+
+def _stamped(to_state: str, values: dict[str, Any], *, owner_process: str) -> dict[str, Any]:
+    """The fields a transition into `to_state` writes besides the state: the caller's, and its time stamp
+    (and, entering `dispatching`, its owner)."""
     now = timezone.now()
     updates: dict[str, Any] = dict(values)
-    terminal = to_state in TERMINAL_STATES
-    if terminal:
+    if to_state in TERMINAL_STATES:
         updates["ended_at"] = now
-        if run.tool_calls:
-            # its open calls and approvals end with it, their events before its own (TOOLS.md §13.2)
-            toolstate.close_open(
-                run, session, to_state=to_state, stop_reason=str(values.get("stop_reason", "")), actor=actor
-            )
     elif to_state == RunState.RUNNING:
         updates["started_at"] = now
     elif to_state == RunState.DISPATCHING:
         updates["dispatched_at"] = now
         updates["owner_process"] = owner_process
-    if not _compare_and_set(run, to_state, updates):
-        if terminal and run.tool_calls:
-            # Cannot happen under the session lock; if it did, the calls closed above must not stand.
-            raise RuntimeError(f"run {run.pk} changed under its session lock")
-        return False
+    return updates
 
-    if not terminal:
-        activated = to_state == RunState.DISPATCHING
-        if activated:
-            _activate(session, run)
-        emit_run(
-            run, session, from_state=from_state, to_state=to_state, reason=reason, actor=actor, row_changed=activated
-        )
-        return True
 
+def _release_row(session: ChatSession, run: Run, from_state: str) -> tuple[bool, bool]:
+    """The session row after `run` ended: free its slot if it was the active run, and take its outcome
+    when it is of the current generation. Returns (was the active run, the row changed)."""
     was_active = from_state in ACTIVE_STATES and session.active_run_id == run.pk
     current_generation = run.session_generation == session.session_id
-    changed = False
     if was_active:
         session.active_run = None
         if current_generation:
@@ -255,17 +390,21 @@ def transition(
         else:
             # An old-generation run never touches the row (§8); only release the slot.
             statements.update(session, "active_run")
-        changed = current_generation
-    elif from_state == RunState.QUEUED and current_generation:
+        return True, current_generation
+    if from_state == RunState.QUEUED and current_generation:
         save_row(session)  # queuedRunIds changed
-        changed = True
+        return False, True
+    return False, False
 
+
+def _keep_reply(session: ChatSession, run: Run, from_state: str, to_state: str) -> None:
+    """The reply of a run that had started joins the transcript of the current generation; partial text
+    of an aborted, failed or timed-out run is kept, marked."""
     if (
-        current_generation
+        run.session_generation == session.session_id
         and from_state in ACTIVE_STATES
         and (to_state == RunState.DONE or run.reply or run.tool_calls)
     ):
-        # The reply joins the transcript; partial text of an aborted, failed or timed-out run is kept, marked.
         statements.insert(
             Message(
                 session=session,
@@ -276,26 +415,22 @@ def transition(
                 aborted=to_state != RunState.DONE,
             )
         )
-    emit_run(run, session, from_state=from_state, to_state=to_state, reason=reason, actor=actor, row_changed=changed)
-    if was_active and start_next:
-        start_next_queued(session, actor=Actor.SYSTEM, owner_process=owner_process)
-    return True
 
 
-def _compare_and_set(run: Run, to_state: str, updates: dict[str, Any]) -> bool:
-    """One statement: move `run` from its state to `to_state`, take the next event `seq`, read back
-    the stored text (deltas write it without the session lock); False if the state had moved."""
+def _compare_and_set(run: Run, to_state: str, updates: dict[str, Any], *, events: int = 1) -> bool:
+    """One statement: move `run` from its state to `to_state`, take the next `events` event seqs,
+    read back the stored text (deltas write it without the session lock); False if the state had moved."""
     values = {"state": to_state, **updates}
     fields = [Run._meta.get_field(name) for name in values]
     quote = connection.ops.quote_name
     sets = ", ".join(f"{quote(str(f.column))} = %s" for f in fields)  # type: ignore[union-attr]
     sql = (
-        f"UPDATE {quote(Run._meta.db_table)} SET {sets}, stream_seq = stream_seq + 1 "
+        f"UPDATE {quote(Run._meta.db_table)} SET {sets}, stream_seq = stream_seq + %s "
         "WHERE id = %s AND state = %s RETURNING stream_seq, reply"
     )
     params = [f.get_db_prep_save(values[f.name], connection) for f in fields]  # type: ignore[union-attr]
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*params, run.pk, run.state])
+        cursor.execute(sql, [*params, events, run.pk, run.state])
         row = cursor.fetchone()
     if row is None:
         return False
@@ -307,7 +442,7 @@ def _compare_and_set(run: Run, to_state: str, updates: dict[str, Any]) -> bool:
 
 def start_next_queued(session: ChatSession, *, actor: str, owner_process: str) -> Run | None:
     """Hand the free slot to the session's oldest queued run, if any."""
-    if session.active_run_id is not None:
+    if session.active_run_id is not None or statements.known_queue(session) == []:
         return None
     for run in queued_runs(session):
         if transition(

@@ -18,7 +18,7 @@ from sessions_app.lifecycle.core import (
     take_outcome,
     transition,
 )
-from sessions_app.models import ACTIVE_STATES, Actor, Run, RunState, SessionStatus
+from sessions_app.models import ACTIVE_STATES, Actor, Run, RunErrorKind, RunState, SessionStatus
 
 
 def mark_failed(
@@ -37,7 +37,7 @@ def mark_failed(
             reason="operator",
             actor=actor,
             owner_process=owner_process,
-            error_kind="unknown",
+            error_kind=RunErrorKind.UNKNOWN,
             error_message=f"marked failed by operator: {reason_text}",
         )
         return [run.run_id] if ok else []

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
+from functools import cache
 from typing import Any, Literal
 
 from django.conf import settings
@@ -13,16 +16,30 @@ from sessions_app import gateway_reads, statements
 from sessions_app.lifecycle.core import (
     OUTCOME_FIELDS,
     REASON_FOR_STATE,
+    Reply,
+    dispatch_stamp,
     emit_run,
     kill,
+    lock_name,
     lock_or_create_session,
     lock_run,
     next_queue_seq,
     save_row,
+    start_inserted,
     take_outcome,
     transition,
 )
-from sessions_app.models import ACTIVE_STATES, Actor, ChatSession, Run, RunState
+from sessions_app.models import (
+    ACTIVE_STATES,
+    OPEN_STATES,
+    Actor,
+    ChatSession,
+    Run,
+    RunErrorKind,
+    RunState,
+    RunSurface,
+    SessionKind,
+)
 
 # What admission decided: a new run started or queued, the key's existing run, a key reused
 # with another body, a full queue, or a send that failed before its ack (kept as a failed run).
@@ -44,6 +61,18 @@ class SendRequest:
     queue_mode: str = "followup"
     interrupt_reason: str = "interrupt"  # stopReason for the run an interrupt replaces
     setup_error: str | None = None  # a failure found before the ack (§4)
+    surface: str = RunSurface.WEBSOCKET  # the door it came in by
+    request: dict[str, Any] | None = None  # what an HTTP request adds (`RunRequest.as_json`)
+    session_kind: str = SessionKind.DIRECT  # the kind of a session this send creates
+    # called with a newly admitted run (started, queued or failed at admission) in the admitting
+    # transaction: what must exist with the run and never without it (a Responses API row)
+    on_admitted: Callable[[Run], None] | None = None
+    # the runId is the owner's idempotency key in every session, not only in this one (the HTTP
+    # API's `Idempotency-Key`, HTTP-API.md §14.6): a key another session's HTTP run has is that run
+    owner_scoped_key: bool = False
+    # the session as the gateway read it just before, the key new to it (`statements.keyed_run`: its
+    # row, runIds and queue): admitted against it when it is still so (`_admit_seen`)
+    seen: ChatSession | None = None
 
 
 @dataclass
@@ -55,43 +84,56 @@ class SendOutcome:
     interrupted_active_run: bool = False
 
 
+def replay_of(run: Run, session: ChatSession, body_hash: str, queue_position: Callable[[], int | None]) -> SendOutcome:
+    """A send under a key its session already has (§4): that run again, or a conflict when the send
+    differs from the one that made it (nothing runs, the run is untouched). THE rule of a reused key:
+    the gateway's read-only answer and admission under the lock both apply it."""
+    if run.body_hash != body_hash:
+        return SendOutcome("conflict", run, session)
+    return SendOutcome("existing", run, session, queue_position())
+
+
 def admit_send(req: SendRequest, *, owner_process: str, actor: str = Actor.USER) -> SendOutcome:
     """Admit one send: its key's existing run, a conflict, a failure, a queued run or a started one.
 
     A started run is owned by `owner_process` (the process that will execute it, or '').
     """
     with transaction.atomic():
-        session = lock_or_create_session(owner_id=req.owner_id, key=req.key, agent_id=req.agent_id, actor=actor)
+        if req.owner_scoped_key:
+            # Two requests racing under one key may name different sessions (each holding only its own
+            # lock): the key's lock makes the second wait, then find the first one's run.
+            lock_name(f"run-key:{req.owner_id}:{req.run_id}")
+            keyed = gateway_reads.find_http_run(req.owner_id, req.run_id)
+            if keyed is not None:
+                return replay_of(keyed, keyed.session, req.body_hash, lambda: gateway_reads.queue_position(keyed))
+        elif req.seen is not None and req.setup_error is None:
+            admitted = _admit_seen(req, req.seen, owner_process=owner_process, actor=actor)
+            if admitted is not None:
+                return admitted
+        session = lock_or_create_session(
+            owner_id=req.owner_id, key=req.key, agent_id=req.agent_id, actor=actor, kind=req.session_kind
+        )
         existing = statements.run("r.session_id = %s AND r.run_id = %s", [session.pk, req.run_id])
         if existing is not None:
-            if existing.body_hash != req.body_hash:
-                return SendOutcome("conflict", existing, session)
-            return SendOutcome("existing", existing, session, gateway_reads.queue_position(existing))
+            return replay_of(existing, session, req.body_hash, lambda: gateway_reads.queue_position(existing))
 
-        base = dict(
-            session=session,
-            run_id=req.run_id,
-            session_generation=session.session_id,
-            message=req.message,
-            body_hash=req.body_hash,
-            attachments=req.attachments,
-            timeout_ms=req.timeout_ms,
-            queue_mode=req.queue_mode,
-            created_by_id=req.owner_id,
-        )
+        base = _fields(req, session)
         if req.setup_error is not None:
-            return _admit_failed(session, base, req.setup_error, actor)
+            failed = _admit_failed(session, base, req.setup_error, actor)
+            if failed.run is not None:
+                _admitted(req, failed.run)
+            return failed
 
         active = statements.run("r.id = %s", [session.active_run_id]) if session.active_run_id else None
         if active is not None and req.queue_mode != "interrupt":
-            if Run.objects.filter(session=session, state=RunState.QUEUED).count() >= settings.GATEWAY_QUEUE_MAX:
+            queue = statements.known_queue(session)
+            queued = (
+                len(queue) if queue is not None else Run.objects.filter(session=session, state=RunState.QUEUED).count()
+            )
+            if queued >= settings.GATEWAY_QUEUE_MAX:
                 return SendOutcome("queue_full", None, session)
             run = statements.insert(Run(state=RunState.QUEUED, queue_seq=next_queue_seq(session), stream_seq=1, **base))
-            save_row(session)
-            emit_run(
-                run, session, from_state="", to_state=RunState.QUEUED, reason="queued", actor=actor, row_changed=True
-            )
-            return SendOutcome("queued", run, session, gateway_reads.queue_position(run))
+            return _queued(req, run, session, actor)
 
         interrupted = False
         if active is not None:
@@ -103,16 +145,86 @@ def admit_send(req: SendRequest, *, owner_process: str, actor: str = Actor.USER)
                 owner_process=owner_process,
                 start_next=False,
             )
-        run = statements.insert(Run(state=RunState.QUEUED, queue_seq=next_queue_seq(session), **base))
-        transition(run, RunState.DISPATCHING, session=session, reason="send", actor=actor, owner_process=owner_process)
-        return SendOutcome("started", run, session, interrupted_active_run=interrupted)
+        run = statements.insert(
+            Run(
+                state=RunState.DISPATCHING,
+                queue_seq=next_queue_seq(session),
+                stream_seq=1,
+                **dispatch_stamp(owner_process),
+                **base,
+            )
+        )
+        return _started(req, run, session, actor, interrupted=interrupted)
+
+
+def _fields(req: SendRequest, session: ChatSession) -> dict[str, Any]:
+    """A new run's fields from its send."""
+    return dict(
+        session=session,
+        run_id=req.run_id,
+        session_generation=session.session_id,
+        message=req.message,
+        body_hash=req.body_hash,
+        attachments=req.attachments,
+        timeout_ms=req.timeout_ms,
+        queue_mode=req.queue_mode,
+        created_by_id=req.owner_id,
+        surface=req.surface,
+        request=req.request,
+    )
+
+
+def _admit_seen(req: SendRequest, session: ChatSession, *, owner_process: str, actor: str) -> SendOutcome | None:
+    """Admission against the session as the gateway read it just before (`SendRequest.seen`): the run
+    starts in its free slot or joins its queue, inserted by the one statement that checks the session
+    is still so (its `version` and active run: any committed change of its row or queue moves its
+    `version`) and takes its lock. None, with nothing written, when it is not (or when the send needs
+    more than the row: an interrupt, a queue that may be full): admission under the lock decides."""
+    queue = statements.known_queue(session)
+    if queue is None or (
+        session.active_run_id is not None
+        and (req.queue_mode == "interrupt" or len(queue) >= settings.GATEWAY_QUEUE_MAX)
+    ):
+        return None
+    if session.active_run_id is None:
+        run = Run(state=RunState.DISPATCHING, stream_seq=1, **dispatch_stamp(owner_process), **_fields(req, session))
+    else:
+        run = Run(state=RunState.QUEUED, stream_seq=1, **_fields(req, session))
+    if not statements.insert_run_if_current(run, session):
+        return None
+    if run.state == RunState.DISPATCHING:
+        return _started(req, run, session, actor, interrupted=False)
+    return _queued(req, run, session, actor)
+
+
+def _started(req: SendRequest, run: Run, session: ChatSession, actor: str, *, interrupted: bool) -> SendOutcome:
+    _admitted(req, run)
+    start_inserted(run, session, reason="send", actor=actor)
+    return SendOutcome("started", run, session, interrupted_active_run=interrupted)
+
+
+def _queued(req: SendRequest, run: Run, session: ChatSession, actor: str) -> SendOutcome:
+    _admitted(req, run)
+    queue = statements.known_queue(session)
+    if queue is not None and run.run_id not in queue:
+        queue.append(run.run_id)
+    save_row(session)
+    emit_run(run, session, from_state="", to_state=RunState.QUEUED, reason="queued", actor=actor, row_changed=True)
+    return SendOutcome(
+        "queued", run, session, queue.index(run.run_id) + 1 if queue is not None else gateway_reads.queue_position(run)
+    )
+
+
+def _admitted(req: SendRequest, run: Run) -> None:
+    if req.on_admitted is not None:
+        req.on_admitted(run)
 
 
 def _admit_failed(session: ChatSession, base: dict[str, Any], error: str, actor: str) -> SendOutcome:
     """Persist a send that failed before its ack as a failed run (§4)."""
     run = Run.objects.create(
         state=RunState.FAILED,
-        error_kind="dispatch",
+        error_kind=RunErrorKind.DISPATCH,
         error_message=error,
         ended_at=timezone.now(),
         queue_seq=next_queue_seq(session),
@@ -140,35 +252,64 @@ def _admit_failed(session: ChatSession, base: dict[str, Any], error: str, actor:
 
 def mark_running(run_pk: int) -> bool:
     """dispatching -> running; False when the run was already ended (an abort won) or is gone."""
+    return start_reply(run_pk) is not None
+
+
+def start_reply(run_pk: int, text: str | None = None, *, owner_process: str | None = None) -> int | None:
+    """dispatching -> running, with the reply's first text when given (its first delta), in one
+    compare-and-set: the seq of that delta (of the `running` event, without text); None when the run
+    has ended (an abort won) or is gone.
+
+    A run already `running` under `owner_process` is that caller's own earlier try, committed
+    before its connection broke: it carries on, its text stored as any delta (`record_delta`).
+    """
     with transaction.atomic():
         found = lock_run(run_pk)
         if found is None:
-            return False
+            return None
         session, run = found
-        return transition(
+        if run.state == RunState.RUNNING and owner_process is not None and run.owner_process == owner_process:
+            return run.stream_seq if text is None else record_delta(run_pk, text)
+        started = transition(
             run,
             RunState.RUNNING,
             session=session,
             reason="run.running",
             actor=Actor.SYSTEM,
             owner_process=run.owner_process,
+            text=None if text is None else Reply(text),
         )
+        return run.stream_seq if started else None
 
 
-_RECORD_DELTA_SQL = (
-    f"UPDATE {Run._meta.db_table} SET reply = %s, stream_seq = stream_seq + 1 "
-    f"WHERE id = %s AND state IN (%s, %s) RETURNING stream_seq"
-)
+# The reply's length after each delta is appended to `marks` (the delta boundaries a resumed Responses
+# stream replays, HTTP-API.md §14.5) in the same statement: a JSON array append in each database's own
+# terms (`marks` is text holding JSON on SQLite, jsonb on PostgreSQL). Only HTTP runs need them, so a
+# WebSocket run's row stays as it was.
+_APPEND_MARK = {
+    "sqlite": "json_insert(marks, '$[#]', %s)",
+    "postgresql": "marks || to_jsonb(%s::integer)",
+}
+
+
+@cache
+def _record_delta_sql(vendor: str) -> str:
+    return (
+        f"UPDATE {Run._meta.db_table} SET reply = %s, stream_seq = stream_seq + 1, "
+        f"marks = CASE WHEN surface = %s THEN {_APPEND_MARK[vendor]} ELSE marks END "
+        f"WHERE id = %s AND state IN (%s, %s) RETURNING stream_seq"
+    )
 
 
 def record_delta(run_pk: int, text: str) -> int | None:
-    """Store the accumulated text of an active run; return the delta's seq, or None if it ended.
+    """Store the accumulated text of an active run (and, for an HTTP run, its length as the next mark);
+    return the delta's seq, or None if it ended.
 
     One statement (compare-and-set plus RETURNING; SQLite >= 3.35 and PostgreSQL): this
     is the hot path of every streaming run.
     """
     with connection.cursor() as cursor:
-        cursor.execute(_RECORD_DELTA_SQL, [text, run_pk, *ACTIVE_STATES])
+        cursor.execute(_record_delta_sql(connection.vendor), [text, RunSurface.HTTP, len(text), run_pk, *ACTIVE_STATES])
         row = cursor.fetchone()
     return None if row is None else int(row[0])
 
@@ -186,8 +327,15 @@ def finish_run(
     actor: str = Actor.SYSTEM,
     usage: dict[str, int] | None = None,
     cancel_ms: int | None = None,
+    streamed: bool = False,
+    announce_reply: Callable[[int], None] | None = None,
 ) -> bool:
     """End a run (done / failed / timeout / killed). First terminal wins; False if it lost.
+
+    `streamed`: the backend's stream had begun, so a run still `dispatching` (its `running` not
+    written yet) ends through `running`, a step of its own (`core.transition`'s `via`).
+    `announce_reply`: `reply` is also the rest of the reply not sent yet, announced as a delta
+    before the run's end (called in the transaction with that delta's seq, to send it after commit).
 
     A run whose session was deleted meanwhile has already ended (`killed`, stopReason
     `delete`): that is its terminal, and this returns False quietly.
@@ -198,13 +346,18 @@ def finish_run(
             return False
         session, run = found
         values: dict[str, Any] = {"stop_reason": stop_reason, "error_kind": error_kind, "error_message": error_message}
-        if reply is not None:
+        text = None
+        if reply is not None and announce_reply is not None:
+            text = Reply(reply, announce_reply)
+        elif reply is not None:
             values["reply"] = reply
         if usage:
             values["prompt_tokens"] = usage.get("prompt_tokens")
             values["completion_tokens"] = usage.get("completion_tokens")
         if cancel_ms is not None:
             values["cancel_ms"] = cancel_ms
+        # a run can be `done` only once it ran
+        through = streamed or to_state == RunState.DONE
         return transition(
             run,
             to_state,
@@ -212,6 +365,8 @@ def finish_run(
             reason=reason or REASON_FOR_STATE[RunState(to_state)],
             actor=actor,
             owner_process=owner_process,
+            via=RunState.RUNNING if through and run.state == RunState.DISPATCHING else None,
+            text=text,
             **values,
         )
 
@@ -222,7 +377,7 @@ def interrupt_run(run_pk: int, *, message: str, owner_process: str = "", actor: 
         run_pk,
         RunState.FAILED,
         owner_process=owner_process,
-        error_kind="interrupted",
+        error_kind=RunErrorKind.INTERRUPTED,
         error_message=message,
         reason="run.interrupted",
         actor=actor,
@@ -251,3 +406,37 @@ def claim_run(run_pk: int, *, server_id: str) -> bool:
 def record_cancel_ms(run_pk: int, elapsed_ms: int) -> None:
     """Record how long stopping an aborted run's backend work took (not a state change)."""
     Run.objects.filter(pk=run_pk).update(cancel_ms=elapsed_ms)
+
+
+# --- HTTP runs without their client (HTTP-API.md §14.4, §14.6) --------------------------------
+
+DISCONNECT = "disconnect"  # the stopReason of a run whose HTTP client left
+
+
+def set_detached(run_pk: int, detached: bool) -> bool:
+    """Mark an open HTTP run as without its client since now (a retry under its key may reattach),
+    or as attached again; False if the run has ended (or is gone, or was already so)."""
+    runs = Run.objects.filter(pk=run_pk, state__in=OPEN_STATES)
+    if detached:
+        return bool(runs.filter(detached_at__isnull=True).update(detached_at=timezone.now()))
+    return bool(runs.filter(detached_at__isnull=False).update(detached_at=None))
+
+
+def abort_detached(*, cutoff: datetime, owner_process: str, limit: int = 100) -> list[str]:
+    """Abort the open runs left without a client since before `cutoff` (stopReason `disconnect`);
+    their runIds. Checked again under the session lock: a retry may have reattached meanwhile."""
+    pks = list(Run.objects.filter(detached_at__lt=cutoff, state__in=OPEN_STATES).values_list("pk", flat=True)[:limit])
+    ended: list[str] = []
+    for pk in pks:
+        with transaction.atomic():
+            found = lock_run(pk)
+            if found is None:
+                continue
+            session, run = found
+            if run.detached_at is None or run.detached_at >= cutoff:
+                continue
+            if kill(
+                run, session, stop_reason=DISCONNECT, actor=Actor.SYSTEM, owner_process=owner_process, start_next=True
+            ):
+                ended.append(run.run_id)
+    return ended

@@ -10,10 +10,11 @@ import secrets
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from django.db import IntegrityError, transaction
 
-from sessions_app import gateway_reads, statements
+from sessions_app import signals, statements
 from sessions_app.lifecycle.core import (
     OUTCOME_FIELDS,
     LifecycleError,
@@ -25,7 +26,7 @@ from sessions_app.lifecycle.core import (
     save_row,
     take_outcome,
 )
-from sessions_app.models import Actor, ChatSession, Message, Run
+from sessions_app.models import Actor, ChatSession, CommandReceipt, Message, Run
 
 
 @dataclass
@@ -102,61 +103,94 @@ def patch_session(
         return session
 
 
+CommandEffect = Literal["answer", "stop", "reset"]
+
+
+@dataclass(frozen=True)
+class InlineCommand:
+    """An inline command as the lifecycle carries it out (parsed and validated by the caller).
+
+    `answer` only answers (after applying `change`, if any) and stores the exchange in the
+    transcript; `stop` aborts the session's open runs; `reset` does that, rotates the sessionId
+    and starts a fresh transcript.
+    """
+
+    key: str  # the send's idempotencyKey: the command's key in its session
+    text: str  # the command as typed: a retry under the key must send the same
+    effect: CommandEffect = "answer"
+    change: SettingsChange | None = None
+
+
+@dataclass(frozen=True)
+class CommandAnswer:
+    """What an inline command did, as its receipt recorded it; `replayed`: a retry, nothing done now."""
+
+    session: ChatSession
+    receipt: CommandReceipt
+    replayed: bool
+
+
 def answer_command(
     *,
     owner_id: int,
     key: str,
     agent_id: str,
-    text: str,
-    command_key: str,
-    answer: Callable[[ChatSession], str],
-    change: SettingsChange | None = None,
+    command: InlineCommand,
+    answer: Callable[[ChatSession, list[str]], str],
     actor: str = Actor.USER,
-) -> tuple[ChatSession, str, bool]:
-    """An inline command that answers in words (/status, /think, /verbose, /model): create the
-    session if needed, apply its settings (announced as a `patch`), then store the command and
-    `answer(session)` in the current transcript under `command_key` (the send's idempotencyKey),
-    which marks them as a command's: no model ever reads them.
+) -> CommandAnswer:
+    """An inline command (/stop, /new, /reset, /status, /think, /verbose, /model): create the
+    session if needed, do what it does, and record `answer(session, stopped run ids)` in a receipt
+    under `command.key` (the send's idempotencyKey). /status and the settings commands also store
+    the command and its answer in the current transcript under that key (`command_stored`), marked
+    as a command's: no model ever reads them.
 
     A key the session has seen is answered as a run's is (§4): the same command again gets its
-    stored answer (and True: a replay), and nothing is applied or stored again; a key of another
-    command, or of a run, is CONFLICT. One transaction: the answer describes the row exactly as
-    this change leaves it.
+    receipt (`replayed`) and nothing is done, stored or announced again; a key of another command,
+    or of a run, is CONFLICT. One transaction: the answer describes the row exactly as this change
+    leaves it, and the receipt commits with the change or not at all.
     """
     with transaction.atomic():
         session = lock_or_create_session(owner_id=owner_id, key=key, agent_id=agent_id, actor=actor)
-        stored = _stored_command(session, command_key)
-        if stored is not None:
-            asked, answered = stored
-            if asked != text:
+        receipt = CommandReceipt.objects.filter(session=session, key=command.key).first()
+        if receipt is not None:
+            if receipt.text != command.text:
                 raise _key_conflict()
-            return session, answered, True
-        if Run.objects.filter(session=session, run_id=command_key).exists():
+            return CommandAnswer(session, receipt, replayed=True)
+        if Run.objects.filter(session=session, run_id=command.key).exists():
             raise _key_conflict()
-        fields = change.apply(session) if change is not None else []
-        if fields:
+        killed: list[str] = []
+        if command.effect == "stop":
+            killed = kill_all(session, stop_reason="stop", actor=actor)
+        elif command.effect == "reset":
+            killed = _reset(session, actor=actor)
+        elif command.change is not None and (fields := command.change.apply(session)):
             save_row(session, *fields)
             row_changed(session, reason="patch", actor=actor)
-        reply = answer(session)
-        for role, body in (("user", text), ("assistant", reply)):
-            statements.insert(
-                Message(
-                    session=session,
-                    session_generation=session.session_id,
-                    role=role,
-                    text=body,
-                    command_key=command_key,
-                )
+        reply = answer(session, killed)
+        receipt = statements.insert(
+            CommandReceipt(
+                session=session,
+                key=command.key,
+                text=command.text,
+                reply=reply,
+                run_ids=killed,
+                session_generation=session.session_id,
             )
-        return session, reply, False
-
-
-def _stored_command(session: ChatSession, command_key: str) -> tuple[str, str] | None:
-    """The command stored under this key in the session (any generation) and its answer, or None."""
-    pair = dict(gateway_reads.command_messages(session, command_key).values_list("role", "text"))
-    if "user" not in pair:
-        return None
-    return pair["user"], pair.get("assistant", "")
+        )
+        if command.effect == "answer":
+            for role, body in (("user", command.text), ("assistant", reply)):
+                statements.insert(
+                    Message(
+                        session=session,
+                        session_generation=session.session_id,
+                        role=role,
+                        text=body,
+                        command_key=command.key,
+                    )
+                )
+            signals.command_stored.send(sender=CommandReceipt, session=session, receipt=receipt)
+        return CommandAnswer(session, receipt, replayed=False)
 
 
 def _key_conflict() -> LifecycleError:
@@ -196,40 +230,33 @@ def abort(
 
 
 def abort_all(
-    *,
-    owner_id: int | None = None,
-    key: str | None = None,
-    pk: int | None = None,
-    stop_reason: str,
-    actor: str,
-    create: bool = False,
-    agent_id: str = "main",
+    *, owner_id: int | None = None, key: str | None = None, pk: int | None = None, stop_reason: str, actor: str
 ) -> tuple[ChatSession, list[str]]:
-    """Abort every open run of a session: `/stop` (which creates the session if needed), operators."""
+    """Abort every open run of a session (operators; `/stop` is `answer_command`'s)."""
     with transaction.atomic():
-        session = _lock(owner_id=owner_id, key=key, pk=pk, create=create, agent_id=agent_id, actor=actor)
+        session = lock_session(owner_id=owner_id, key=key, pk=pk)
         return session, kill_all(session, stop_reason=stop_reason, actor=actor)
 
 
 def reset_session(
-    *,
-    owner_id: int | None = None,
-    key: str | None = None,
-    pk: int | None = None,
-    actor: str = Actor.USER,
-    create: bool = False,
-    agent_id: str = "main",
+    *, owner_id: int | None = None, key: str | None = None, pk: int | None = None, actor: str = Actor.USER
 ) -> tuple[ChatSession, list[str]]:
-    """sessions.reset and /new: abort open runs, rotate sessionId, start a fresh transcript."""
+    """sessions.reset (and operators; /new and /reset are `answer_command`'s): abort open runs,
+    rotate sessionId, start a fresh transcript."""
     with transaction.atomic():
-        session = _lock(owner_id=owner_id, key=key, pk=pk, create=create, agent_id=agent_id, actor=actor)
-        killed = kill_all(session, stop_reason="reset", actor=actor)
-        session.session_id = uuid.uuid4()
-        take_outcome(session, None)  # a fresh transcript has no last run
-        session.started_at = None
-        save_row(session, "session_id", "started_at", *OUTCOME_FIELDS)
-        row_changed(session, reason="reset", actor=actor)
-        return session, killed
+        session = lock_session(owner_id=owner_id, key=key, pk=pk)
+        return session, _reset(session, actor=actor)
+
+
+def _reset(session: ChatSession, *, actor: str) -> list[str]:
+    """Reset the locked session: its open runs aborted (stopReason reset), a new sessionId; the runs aborted."""
+    killed = kill_all(session, stop_reason="reset", actor=actor)
+    session.session_id = uuid.uuid4()
+    take_outcome(session, None)  # a fresh transcript has no last run
+    session.started_at = None
+    save_row(session, "session_id", "started_at", *OUTCOME_FIELDS)
+    row_changed(session, reason="reset", actor=actor)
+    return killed
 
 
 def delete_session(
@@ -248,7 +275,7 @@ def delete_session(
 def _lock(
     *, owner_id: int | None, key: str | None, pk: int | None, create: bool, agent_id: str, actor: str
 ) -> ChatSession:
-    """The session, locked; created first when `create` (the inline commands name any key)."""
+    """The session, locked; created first when `create` (a patch may name a key not used yet)."""
     if create:
         assert owner_id is not None and key is not None
         return lock_or_create_session(owner_id=owner_id, key=key, agent_id=agent_id, actor=actor)

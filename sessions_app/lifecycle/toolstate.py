@@ -1,6 +1,6 @@
 """The primitive steps of a tool call and an approval, and closing them when their run ends.
 
-Kept apart from `tools` (the services) because `core.transition` calls `close_open` in a run's
+Kept apart from `toolcalls` (the services) because `core.transition` calls `close_open` in a run's
 terminal transaction, and the services need `core`. Callers hold the session lock.
 """
 
@@ -21,6 +21,7 @@ from sessions_app.models import (
     ToolApproval,
     ToolCall,
     ToolCallState,
+    ToolErrorKind,
 )
 
 # What the transcript (and so the model) is told of a call that did not run to its own end.
@@ -130,7 +131,7 @@ def decide(
             set_state(call, ToolCallState.PENDING)
             emit(call, run, session, from_state=ToolCallState.PENDING_APPROVAL, reason=reason, actor=actor, event="")
         else:
-            state, text = _REFUSED[decision]
+            state, text, kind = _REFUSED[decision]
             end_call(
                 call,
                 run,
@@ -138,7 +139,7 @@ def decide(
                 state,
                 result=text.format(who=by),
                 is_error=True,
-                error_kind=decision,
+                error_kind=kind,
                 reason=reason,
                 actor=actor,
             )
@@ -156,11 +157,11 @@ def decide(
     )
 
 
-# a decision other than allow-once: the call's terminal state and what the transcript says of it
-_REFUSED: dict[str, tuple[str, str]] = {
-    ApprovalDecision.DENY: (ToolCallState.DENIED, DENIED_TEXT),
-    ApprovalDecision.EXPIRED: (ToolCallState.EXPIRED, EXPIRED_TEXT),
-    ApprovalDecision.CANCELLED: (ToolCallState.CANCELLED, NOT_STARTED_TEXT),
+# a decision other than allow-once: the call's terminal state, what the transcript says of it, its kind
+_REFUSED: dict[str, tuple[str, str, str]] = {
+    ApprovalDecision.DENY: (ToolCallState.DENIED, DENIED_TEXT, ToolErrorKind.DENY),
+    ApprovalDecision.EXPIRED: (ToolCallState.EXPIRED, EXPIRED_TEXT, ToolErrorKind.EXPIRED),
+    ApprovalDecision.CANCELLED: (ToolCallState.CANCELLED, NOT_STARTED_TEXT, ToolErrorKind.CANCELLED),
 }
 
 
@@ -188,11 +189,11 @@ def close_open(run: Run, session: ChatSession, *, to_state: str, stop_reason: st
             decide(approval, call, run, session, ApprovalDecision.CANCELLED, by="system", by_user_id=None, actor=actor)
             continue
         if call.state != ToolCallState.RUNNING:
-            state, text, kind = ToolCallState.CANCELLED, NOT_STARTED_TEXT, "cancelled"
+            state, text, kind = ToolCallState.CANCELLED, NOT_STARTED_TEXT, ToolErrorKind.CANCELLED
         elif stopped:
-            state, text, kind = ToolCallState.CANCELLED, CANCELLED_TEXT.format(why=why), "cancelled"
+            state, text, kind = ToolCallState.CANCELLED, CANCELLED_TEXT.format(why=why), ToolErrorKind.CANCELLED
         else:
-            state, text, kind = ToolCallState.UNKNOWN, UNKNOWN_TEXT, "unknown"
+            state, text, kind = ToolCallState.UNKNOWN, UNKNOWN_TEXT, ToolErrorKind.UNKNOWN
         end_call(
             call, run, session, state, result=text, is_error=True, error_kind=kind, reason=f"tool.{state}", actor=actor
         )

@@ -33,7 +33,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from sessions_app import operator_reads
-from sessions_app.lifecycle import operators, runs, tools
+from sessions_app.lifecycle import operators, runs, toolcalls
 from sessions_app.models import (
     ACTIVE_STATES,
     OPEN_STATES,
@@ -42,6 +42,7 @@ from sessions_app.models import (
     Actor,
     ChatSession,
     Run,
+    RunErrorKind,
     RunState,
     SessionStatus,
     ToolCall,
@@ -307,7 +308,7 @@ def _time_out(finding: Finding, message: str) -> bool:
     return _end_run(
         finding,
         RunState.TIMEOUT,
-        error_kind="timeout",
+        error_kind=RunErrorKind.TIMEOUT,
         stop_reason="timeout",
         reason="run.timeout",
         error_message=message,
@@ -322,7 +323,7 @@ def _interrupt(finding: Finding) -> bool:
 
 def _close_tool_calls(finding: Finding) -> bool:
     assert finding.run_pk is not None
-    return bool(tools.close_calls_of_ended_run(finding.run_pk, actor=Actor.OPERATOR))
+    return bool(toolcalls.close_calls_of_ended_run(finding.run_pk, actor=Actor.OPERATOR))
 
 
 def _report_only(finding: Finding) -> bool:
@@ -353,7 +354,7 @@ FIXERS: dict[str, tuple[str, Callable[[Finding], bool]]] = {
         lambda f: _end_run(
             f,
             RunState.FAILED,
-            error_kind="unknown",
+            error_kind=RunErrorKind.UNKNOWN,
             reason="operator",
             actor=Actor.OPERATOR,
             error_message="ended by gateway_doctor: not its session's active run",

@@ -15,8 +15,8 @@ import random
 import secrets
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from datetime import timedelta
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -25,11 +25,12 @@ from django.db import connection, models, transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from sessions_app.models import ChatSession, LifecycleEvent, Message, Run, RunState, SessionStatus
+from sessions_app.models import ChatSession, LifecycleEvent, Message, Run, RunErrorKind, RunState, SessionStatus
 
 DEAD_PROCESS = "seed-dead-process"
 TERMINAL_WEIGHTS = [(RunState.DONE, 85), (RunState.FAILED, 6), (RunState.KILLED, 5), (RunState.TIMEOUT, 4)]
-ERROR_KIND = {RunState.FAILED: "backend", RunState.TIMEOUT: "timeout"}
+ERROR_KIND = {RunState.FAILED: RunErrorKind.BACKEND, RunState.TIMEOUT: RunErrorKind.TIMEOUT}
+ERROR_MESSAGE = {RunState.FAILED: "seeded backend failure", RunState.TIMEOUT: "seeded timeout"}
 STOP_REASON = {RunState.KILLED: "rpc", RunState.TIMEOUT: "timeout", RunState.DONE: "stop"}
 
 
@@ -167,6 +168,32 @@ def _reset_sequences() -> None:
                 cursor.execute(sql)
 
 
+@dataclass
+class _Plan:
+    """What every session of one seeding shares."""
+
+    rng: random.Random
+    tag: str
+    now: datetime
+    owner_ids: list[int]
+    per_session: int  # runs of each session, and one more for the first `extra`
+    extra: int
+    stuck: int
+    stuck_every: int  # stuck sessions are spread over the whole range instead of bunched at the start
+    transcripts: bool
+    body_hash: str = hashlib.sha256(b"seed").hexdigest()
+
+
+@dataclass
+class _Batch:
+    """The rows of one transaction."""
+
+    sessions: list[dict[str, Any]] = field(default_factory=list)
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    audit: list[dict[str, Any]] = field(default_factory=list)
+
+
 def seed_demo_data(
     *,
     sessions: int,
@@ -194,152 +221,182 @@ def seed_demo_data(
     if stuck is None:
         stuck = max(1, sessions // 1000) if runs and sessions else 0
     stuck = min(stuck, sessions, runs)
-    result = SeedResult(users=len(owner_ids))
-    session_ins = _Inserter(ChatSession, SESSION_COLUMNS)
-    run_ins = _Inserter(Run, RUN_COLUMNS)
-    msg_ins = _Inserter(Message, MESSAGE_COLUMNS)
-    audit_ins = _Inserter(LifecycleEvent, AUDIT_COLUMNS)
     per_session, extra = divmod(runs, sessions) if sessions else (0, 0)
-    states, weights = zip(*TERMINAL_WEIGHTS, strict=True)
-    body_hash = hashlib.sha256(b"seed").hexdigest()
-    # Stuck sessions are spread over the whole range instead of bunched at the start.
-    stuck_every = sessions // stuck if stuck else 0
-
+    plan = _Plan(
+        rng=rng,
+        tag=tag,
+        now=now,
+        owner_ids=owner_ids,
+        per_session=per_session,
+        extra=extra,
+        stuck=stuck,
+        stuck_every=sessions // stuck if stuck else 0,
+        transcripts=transcripts,
+    )
+    result = SeedResult(users=len(owner_ids))
+    inserters = [
+        _Inserter(ChatSession, SESSION_COLUMNS),
+        _Inserter(Run, RUN_COLUMNS),
+        _Inserter(Message, MESSAGE_COLUMNS),
+        _Inserter(LifecycleEvent, AUDIT_COLUMNS),
+    ]
     session_pk = _next_id(ChatSession)
     run_pk = _next_id(Run)
     written = 0
     while written < sessions:
         chunk = min(batch_size, sessions - written)
-        s_rows: list[dict[str, Any]] = []
-        r_rows: list[dict[str, Any]] = []
-        m_rows: list[dict[str, Any]] = []
-        a_rows: list[dict[str, Any]] = []
+        batch = _Batch()
         for i in range(written, written + chunk):
-            n_runs = per_session + (1 if i < extra else 0)
-            owner = owner_ids[i % len(owner_ids)]
-            generation = uuid.uuid4()
-            created = now - timedelta(days=rng.uniform(0, 90))
-            is_stuck = bool(stuck_every) and n_runs > 0 and i % stuck_every == 0 and result.stuck < stuck
-            # Each session is used for up to 30 days after its creation, so last activity
-            # (and with it retention age) spreads over the whole range.
-            active_until = min(now, created + timedelta(days=rng.uniform(0, 30)))
-            span = (active_until - created).total_seconds()
-            times = sorted(rng.uniform(0, span) for _ in range(n_runs))
-            last: dict[str, Any] | None = None
-            for j, offset in enumerate(times):
-                started = created + timedelta(seconds=offset)
-                is_last = j == n_runs - 1
-                if is_last and is_stuck:
-                    state = RunState.RUNNING
-                    started = now - timedelta(minutes=rng.uniform(5, 120))
-                else:
-                    state = rng.choices(states, weights)[0]
-                ended = None if state == RunState.RUNNING else started + timedelta(seconds=rng.uniform(0.5, 60))
-                reply = "" if state in (RunState.FAILED, RunState.RUNNING) else f"echo: seeded message {j}"
-                row = {
-                    "id": run_pk,
-                    "session": session_pk,
-                    "run_id": f"seed-{tag}-{i}-{j}",
-                    "session_generation": generation,
-                    "state": state,
-                    "queue_mode": "followup",
-                    "queue_seq": j + 1,
-                    "message": f"seeded message {j}",
-                    "body_hash": body_hash,
-                    "attachments": [],
-                    "reply": reply,
-                    "stream_seq": 3 if ended else 2,
-                    "error_kind": ERROR_KIND.get(state, ""),
-                    "error_message": "seeded backend failure"
-                    if state == RunState.FAILED
-                    else ("seeded timeout" if state == RunState.TIMEOUT else ""),
-                    "stop_reason": STOP_REASON.get(state, ""),
-                    "timeout_ms": 600_000,
-                    "owner_process": DEAD_PROCESS if state == RunState.RUNNING else f"seed-{tag}",
-                    "created_by": owner,
-                    "created_at": started,
-                    "dispatched_at": started,
-                    "started_at": started,
-                    "ended_at": ended,
-                }
-                r_rows.append(row)
-                if transcripts:
-                    m_rows.append(
-                        {
-                            "session": session_pk,
-                            "session_generation": generation,
-                            "role": "user",
-                            "text": row["message"],
-                            "run": run_pk,
-                            "aborted": False,
-                            "created_at": started,
-                        }
-                    )
-                    if ended is not None and reply:
-                        m_rows.append(
-                            {
-                                "session": session_pk,
-                                "session_generation": generation,
-                                "role": "assistant",
-                                "text": reply,
-                                "run": run_pk,
-                                "aborted": state != RunState.DONE,
-                                "created_at": ended,
-                            }
-                        )
-                    a_rows.append(
-                        {
-                            "session": session_pk,
-                            "run": run_pk,
-                            "from_state": "running",
-                            "to_state": state,
-                            "reason": "seed",
-                            "actor": "system",
-                            "detail": row["error_message"],
-                            "actor_user_id": None,
-                            "actor_name": "",
-                            "created_at": ended or started,
-                        }
-                    )
-                last = row
-                run_pk += 1
-            if last is None:
-                status, started_at, ended_at, error = None, None, None, ""
-            else:
-                status = SessionStatus.RUNNING if last["state"] == RunState.RUNNING else last["state"]
-                started_at, ended_at = last["started_at"], last["ended_at"]
-                error = last["error_message"] if last["state"] in (RunState.FAILED, RunState.TIMEOUT) else ""
-            if is_stuck:
-                result.stuck += 1
-            s_rows.append(
-                {
-                    "id": session_pk,
-                    "owner": owner,
-                    "key": f"agent:main:seed-{tag}-{i}",
-                    "agent_id": "main",
-                    "session_id": generation,
-                    "label": f"Seeded session {i}",
-                    "status": status,
-                    "active_run": last["id"] if is_stuck and last else None,
-                    "last_run": last["id"] if last else None,
-                    "started_at": started_at,
-                    "ended_at": ended_at,
-                    "aborted_last_run": bool(last and last["state"] == RunState.KILLED),
-                    "last_run_error": error,
-                    "version": 1 + 3 * n_runs,
-                    "created_at": created,
-                    "updated_at": (ended_at or started_at or created),
-                }
-            )
+            run_pk = _add_session(batch, plan, result, i, session_pk, run_pk)
             session_pk += 1
-        # Sessions and runs point at each other; the foreign keys are checked at commit.
-        with transaction.atomic():
-            result.sessions += session_ins.insert(s_rows)
-            result.runs += run_ins.insert(r_rows)
-            result.messages += msg_ins.insert(m_rows)
-            result.audit += audit_ins.insert(a_rows)
+        _write(batch, inserters, result)
         written += chunk
         if progress is not None:
             progress(chunk)
     _reset_sequences()
     return result
+
+
+def _write(batch: _Batch, inserters: list[_Inserter], result: SeedResult) -> None:
+    # Sessions and runs point at each other; the foreign keys are checked at commit.
+    sessions, runs, messages, audit = inserters
+    with transaction.atomic():
+        result.sessions += sessions.insert(batch.sessions)
+        result.runs += runs.insert(batch.runs)
+        result.messages += messages.insert(batch.messages)
+        result.audit += audit.insert(batch.audit)
+
+
+def _add_session(batch: _Batch, plan: _Plan, result: SeedResult, i: int, session_pk: int, run_pk: int) -> int:
+    """Session number `i` with its runs (and transcript) into `batch`; returns the next run pk."""
+    rng = plan.rng
+    n_runs = plan.per_session + (1 if i < plan.extra else 0)
+    owner = plan.owner_ids[i % len(plan.owner_ids)]
+    generation = uuid.uuid4()
+    created = plan.now - timedelta(days=rng.uniform(0, 90))
+    is_stuck = bool(plan.stuck_every) and n_runs > 0 and i % plan.stuck_every == 0 and result.stuck < plan.stuck
+    # Each session is used for up to 30 days after its creation, so last activity
+    # (and with it retention age) spreads over the whole range.
+    active_until = min(plan.now, created + timedelta(days=rng.uniform(0, 30)))
+    span = (active_until - created).total_seconds()
+    times = sorted(rng.uniform(0, span) for _ in range(n_runs))
+    last: dict[str, Any] | None = None
+    for j, offset in enumerate(times):
+        started = created + timedelta(seconds=offset)
+        last = _run_row(plan, run_pk, session_pk, generation, owner, i, j, started, j == n_runs - 1 and is_stuck)
+        batch.runs.append(last)
+        if plan.transcripts:
+            _add_transcript(batch, last)
+        run_pk += 1
+    if is_stuck:
+        result.stuck += 1
+    batch.sessions.append(_session_row(plan, session_pk, owner, generation, i, n_runs, created, last, is_stuck))
+    return run_pk
+
+
+def _run_row(
+    plan: _Plan,
+    run_pk: int,
+    session_pk: int,
+    generation: uuid.UUID,
+    owner: int,
+    i: int,
+    j: int,
+    started: datetime,
+    stuck: bool,
+) -> dict[str, Any]:
+    """Run `j` of session `i`: ended in a weighted terminal state, or left running (a stuck session's last)."""
+    rng = plan.rng
+    if stuck:
+        state = RunState.RUNNING
+        started = plan.now - timedelta(minutes=rng.uniform(5, 120))
+    else:
+        states, weights = zip(*TERMINAL_WEIGHTS, strict=True)
+        state = rng.choices(states, weights)[0]
+    ended = None if state == RunState.RUNNING else started + timedelta(seconds=rng.uniform(0.5, 60))
+    return {
+        "id": run_pk,
+        "session": session_pk,
+        "run_id": f"seed-{plan.tag}-{i}-{j}",
+        "session_generation": generation,
+        "state": state,
+        "queue_mode": "followup",
+        "queue_seq": j + 1,
+        "message": f"seeded message {j}",
+        "body_hash": plan.body_hash,
+        "attachments": [],
+        "reply": "" if state in (RunState.FAILED, RunState.RUNNING) else f"echo: seeded message {j}",
+        "stream_seq": 3 if ended else 2,
+        "error_kind": ERROR_KIND.get(state, ""),
+        "error_message": ERROR_MESSAGE.get(state, ""),
+        "stop_reason": STOP_REASON.get(state, ""),
+        "timeout_ms": 600_000,
+        "owner_process": DEAD_PROCESS if state == RunState.RUNNING else f"seed-{plan.tag}",
+        "created_by": owner,
+        "created_at": started,
+        "dispatched_at": started,
+        "started_at": started,
+        "ended_at": ended,
+    }
+
+
+def _add_transcript(batch: _Batch, run: dict[str, Any]) -> None:
+    """The run's user message, its reply (when it ended with one) and its terminal audit row."""
+    common = {"session": run["session"], "session_generation": run["session_generation"], "run": run["id"]}
+    started, ended, reply = run["started_at"], run["ended_at"], run["reply"]
+    batch.messages.append({**common, "role": "user", "text": run["message"], "aborted": False, "created_at": started})
+    if ended is not None and reply:
+        aborted = run["state"] != RunState.DONE
+        batch.messages.append({**common, "role": "assistant", "text": reply, "aborted": aborted, "created_at": ended})
+    batch.audit.append(
+        {
+            "session": run["session"],
+            "run": run["id"],
+            "from_state": "running",
+            "to_state": run["state"],
+            "reason": "seed",
+            "actor": "system",
+            "detail": run["error_message"],
+            "actor_user_id": None,
+            "actor_name": "",
+            "created_at": ended or started,
+        }
+    )
+
+
+def _session_row(
+    plan: _Plan,
+    session_pk: int,
+    owner: int,
+    generation: uuid.UUID,
+    i: int,
+    n_runs: int,
+    created: datetime,
+    last: dict[str, Any] | None,
+    stuck: bool,
+) -> dict[str, Any]:
+    """Session `i` as its last run left it (still running, for a stuck one)."""
+    if last is None:
+        status, started_at, ended_at, error = None, None, None, ""
+    else:
+        status = SessionStatus.RUNNING if last["state"] == RunState.RUNNING else last["state"]
+        started_at, ended_at = last["started_at"], last["ended_at"]
+        error = last["error_message"] if last["state"] in (RunState.FAILED, RunState.TIMEOUT) else ""
+    return {
+        "id": session_pk,
+        "owner": owner,
+        "key": f"agent:main:seed-{plan.tag}-{i}",
+        "agent_id": "main",
+        "session_id": generation,
+        "label": f"Seeded session {i}",
+        "status": status,
+        "active_run": last["id"] if stuck and last else None,
+        "last_run": last["id"] if last else None,
+        "started_at": started_at,
+        "ended_at": ended_at,
+        "aborted_last_run": bool(last and last["state"] == RunState.KILLED),
+        "last_run_error": error,
+        "version": 1 + 3 * n_runs,
+        "created_at": created,
+        "updated_at": (ended_at or started_at or created),
+    }

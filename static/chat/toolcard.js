@@ -1,5 +1,5 @@
 // The tool card (TOOLS.md §13): one tool call in the conversation, with its name, status, progress,
-// arguments, result and approval prompt, drawn from `toolCardView` (tools.js).
+// arguments, result and approval prompt, drawn from `toolCardView` (toolview.js).
 //
 // Everything on a card comes from a model, an agent or an MCP server: it goes into the DOM as text
 // (`textContent`), never as HTML. The buttons carry `data-action` (`approve`, `deny`) and
@@ -7,29 +7,14 @@
 // Only `createElement`, `append`, attributes, `dataset` and `textContent` are used, so the Node
 // tests (tests/js/tools.test.mjs) run this file against a small fake document.
 
-import { formatTimeLeft } from "./tools.js";
+import { setAttr, setHidden, setText } from "./dom.js";
+import { formatTimeLeft } from "./toolview.js";
 
 function el(doc, tag, className, testid) {
   const node = doc.createElement(tag);
   if (className) node.className = className;
   if (testid) node.dataset.testid = testid;
   return node;
-}
-
-function setText(node, text) {
-  if (node.textContent !== text) node.textContent = text;
-}
-
-function setAttr(node, name, value) {
-  if (value === "" || value == null) {
-    if (node.hasAttribute(name)) node.removeAttribute(name);
-  } else if (node.getAttribute(name) !== value) {
-    node.setAttribute(name, value);
-  }
-}
-
-function setHidden(node, hidden) {
-  if (node.hidden !== hidden) node.hidden = hidden;
 }
 
 /** A new, empty card row (`.msg-row` with `data-role="tool"`) for `document` `doc`. */
@@ -102,10 +87,11 @@ function firstLine(text, max = 80) {
   return line.length > max ? `${line.slice(0, max - 1)}…` : line;
 }
 
-/** Bring card `row` (from createToolCard) up to date with `view` (tools.js `toolCardView`). */
+/** Bring card `row` (from createToolCard) up to date with `view` (toolview.js `toolCardView`). */
 export function updateToolCard(row, view, { now = null } = {}) {
   const p = row._tool;
   setAttr(p.card, "data-state", view.state);
+  setAttr(p.card, "data-error-kind", view.errorKind || "");
   setAttr(p.card, "data-tool-call-id", view.id);
   setAttr(p.card, "data-run-id", view.runId || "");
   setAttr(p.card, "aria-busy", view.spinning ? "true" : "");

@@ -1,9 +1,9 @@
 // Tool calls and approvals (TOOLS.md §13) for the chat page's state module.
 //
-// Pure: no DOM, no timers, no I/O. state.js calls the `on…` functions from its reducer with the
-// draft state `s` it is building (they replace `s.tools` / `s.approvals` with new objects, never
-// change the old ones), and exports the selectors. The clock is an input: an event's action
-// carries `at`, the page's time when it arrived.
+// Pure: no DOM, no timers, no I/O. The reducer's modules (state.js and its table) call the `on…`
+// functions with the draft state `s` they are building (they replace `s.tools` / `s.approvals` with
+// new objects, never change the old ones), and the conversation reads the selectors. The clock is an input: an event's
+// action carries `at`, the page's time when it arrived. What a card shows is toolview.js's.
 //
 // The rules that matter:
 // - a call's `result` is its one terminal state: a start, update or second result for a call that
@@ -12,14 +12,15 @@
 //   (the server still sends their results, which then show);
 // - an approval shows the decision the gateway recorded, whoever made it (another tab, expiry, abort).
 
-/** Terminal states of a tool call (§13.2). */
-export const TOOL_TERMINAL = new Set(["succeeded", "failed", "denied", "expired", "cancelled", "unknown"]);
+import { TERMINAL_PHASES, effect, inTranscript, runOf } from "./model.js";
+import { failureText } from "./texts.js";
+
+/** Terminal states of a tool call (§13.2); `client`: a call of an API client's own tool, handed to it, never run here. */
+export const TOOL_TERMINAL = new Set(["succeeded", "failed", "denied", "expired", "cancelled", "unknown", "client"]);
 /** States of a call still going on. */
 export const TOOL_OPEN = new Set(["running", "pending_approval"]);
 /** Decisions a user may send (`plugin.approval.resolve`). */
 export const USER_DECISIONS = ["allow-once", "deny"];
-
-const RUN_TERMINAL = new Set(["final", "error", "aborted"]);
 
 /** The tool part of the initial state. */
 export function initialToolState() {
@@ -32,15 +33,9 @@ export function initialToolState() {
 
 const isObject = (v) => v !== null && typeof v === "object" && !Array.isArray(v);
 const str = (v) => (typeof v === "string" && v ? v : null);
-const runKey = (key, runId) => `${key}|${runId}`;
-
-function runOf(s, key, runId) {
-  return runId ? s.runs[runKey(key, runId)] || null : null;
-}
-
 function runIsOver(s, key, runId) {
   const run = runOf(s, key, runId);
-  return Boolean(run) && RUN_TERMINAL.has(run.phase);
+  return Boolean(run) && TERMINAL_PHASES.has(run.phase);
 }
 
 function putCall(s, call) {
@@ -64,6 +59,7 @@ function newCall(s, id, { key, runId = null, sessionId = null, name = "", args }
     args, // an object, or a string when the model sent arguments that are not JSON; undefined: not known
     status: "running", // running | pending_approval | a TOOL_TERMINAL state
     isError: false,
+    errorKind: null, // why it ended other than succeeded (`errorKind`), once ended
     result: null, // the result's text, once ended
     progress: null, // {progress, total, message} from `update`
     approvalId: null,
@@ -122,7 +118,7 @@ function normalizeProgress(partial) {
 }
 
 /** End call `id` with its one recorded outcome; a call that has ended already stays as it was. */
-function finishCall(s, id, info, { status, isError, result }) {
+function finishCall(s, id, info, { status, isError, errorKind, result }) {
   const { call, created } = callFor(s, id, info);
   if (!created && TOOL_TERMINAL.has(s.tools[id].status)) {
     if (call.args !== s.tools[id].args || call.name !== s.tools[id].name) putCall(s, call); // filled in, not re-opened
@@ -130,6 +126,7 @@ function finishCall(s, id, info, { status, isError, result }) {
   }
   call.status = terminalStatus(status, Boolean(isError));
   call.isError = Boolean(isError) || call.status === "failed";
+  call.errorKind = str(errorKind);
   call.result = resultText(result);
   call.progress = null;
   return { call: putCall(s, call), created };
@@ -137,19 +134,16 @@ function finishCall(s, id, info, { status, isError, result }) {
 
 /** Did this page see run `runId` of `key` anywhere (its runs, or the loaded transcript)? */
 function runKnown(s, key, runId) {
-  if (!runId) return true;
-  if (runOf(s, key, runId)) return true;
-  const conv = s.convs[key];
-  return Boolean(conv) && conv.messages.some((m) => m && m.runId === runId);
+  return !runId || Boolean(runOf(s, key, runId)) || inTranscript(s, key, runId);
 }
 
 // --- events ----------------------------------------------------------------------------------------
 
 /**
- * An `agent` event (`stream` "tool" or "approval"); other streams are ignored. `ctx.effect(eff)`
- * asks for a history reload when a call of an unknown run of the open session shows up.
+ * An `agent` event (`stream` "tool" or "approval"); other streams are ignored. A call of a run of
+ * the open session this page has not seen asks for a history reload.
  */
-export function onAgentEvent(s, p, { effect } = {}) {
+export function onAgentEvent(s, p) {
   if (!isObject(p) || typeof p.sessionKey !== "string" || !isObject(p.data)) return;
   const data = p.data;
   const id = str(data.toolCallId);
@@ -169,7 +163,7 @@ export function onAgentEvent(s, p, { effect } = {}) {
       if (progress) r.call.progress = progress;
       putCall(s, r.call);
     } else if (data.phase === "result") {
-      created = finishCall(s, id, info, { status: data.status, isError: data.isError, result: data.result }).created;
+      created = finishCall(s, id, info, { status: data.status, isError: data.isError, errorKind: data.errorKind, result: data.result }).created;
     } else {
       return;
     }
@@ -190,8 +184,8 @@ export function onAgentEvent(s, p, { effect } = {}) {
   } else {
     return;
   }
-  if (created && effect && info.key === s.currentKey && !runKnown(s, info.key, info.runId)) {
-    effect({ type: "history", key: info.key }); // a run from elsewhere: its user message comes with history
+  if (created && info.key === s.currentKey && !runKnown(s, info.key, info.runId)) {
+    effect(s, { type: "history", key: info.key }); // a run from elsewhere: its user message comes with history
   }
 }
 
@@ -385,6 +379,30 @@ export function endRunTools(s, key, runId) {
   if (tools) s.tools = tools;
 }
 
+/** Session `key` is gone (deleted): its calls and approvals go with it. */
+export function dropSessionTools(s, key) {
+  const tools = {};
+  for (const [id, call] of Object.entries(s.tools)) if (call.key !== key) tools[id] = call;
+  s.tools = tools;
+  const approvals = {};
+  for (const [id, a] of Object.entries(s.approvals)) if (a.key !== key) approvals[id] = a;
+  s.approvals = approvals;
+}
+
+/** The reducer's actions of approvals (state.js puts them in its table). */
+export const approvalHandlers = {
+  // plugin.approval.list answered (asked at tick `token`): it replaces the pending approvals.
+  "approvals/listed": onApprovalsListed,
+  "approval/sending": onApprovalSending,
+  "approval/answered": (s, action) => {
+    // plugin.approval.resolve answered (`response`) or not (`error`, a RequestError).
+    const what = action.decision === "deny" ? "Deny" : "Allow once";
+    const response = action.response || null;
+    const error = response ? response.error : action.error;
+    onApprovalAnswered(s, { id: action.id, response, errorText: response && response.ok ? null : failureText(what, error) });
+  },
+};
+
 // --- history -----------------------------------------------------------------------------------------
 
 /**
@@ -406,7 +424,7 @@ export function ingestHistory(s, key, messages, { sessionId = null, inFlight = n
         seen.push(block.id);
       }
     } else if (m.role === "toolResult" && str(m.toolCallId)) {
-      finishCall(s, m.toolCallId, { key, runId, sessionId, name: str(m.toolName) }, { status: m.status, isError: m.isError, result: m.content });
+      finishCall(s, m.toolCallId, { key, runId, sessionId, name: str(m.toolName) }, { status: m.status, isError: m.isError, errorKind: m.errorKind, result: m.content });
       seen.push(m.toolCallId);
     }
   }
@@ -415,7 +433,7 @@ export function ingestHistory(s, key, messages, { sessionId = null, inFlight = n
       if (!isObject(t) || !str(t.toolCallId)) continue;
       const info = { key, runId: openRun, sessionId, name: str(t.name), args: t.args };
       if (TOOL_TERMINAL.has(t.status)) {
-        finishCall(s, t.toolCallId, info, { status: t.status, isError: t.isError, result: t.result });
+        finishCall(s, t.toolCallId, info, { status: t.status, isError: t.isError, errorKind: t.errorKind, result: t.result });
         continue;
       }
       const { call } = callFor(s, t.toolCallId, info);
@@ -470,128 +488,4 @@ export function needsApproval(state, key) {
     if (open) return true;
   }
   return pendingApprovals(state, key).length > 0;
-}
-
-/** Arguments for display: pretty JSON; a string that is not JSON as it came (`valid: false`). */
-export function formatArgs(args) {
-  if (args === undefined) return { text: "", valid: true, known: false };
-  if (typeof args === "string") {
-    try {
-      const parsed = JSON.parse(args);
-      if (parsed !== null && typeof parsed === "object") return { text: JSON.stringify(parsed, null, 2), valid: true, known: true };
-    } catch {
-      // not JSON: shown as the model sent it
-    }
-    return { text: args, valid: false, known: true };
-  }
-  try {
-    return { text: JSON.stringify(args, null, 2) ?? String(args), valid: true, known: true };
-  } catch {
-    return { text: String(args), valid: false, known: true };
-  }
-}
-
-/** "3 / 10 · Fetching" from an `update`'s partialResult; "" when there is nothing to say. */
-export function formatProgress(progress) {
-  if (!progress) return "";
-  const parts = [];
-  if (progress.progress != null) parts.push(progress.total != null ? `${progress.progress} / ${progress.total}` : String(progress.progress));
-  if (progress.message) parts.push(progress.message);
-  return parts.join(" · ");
-}
-
-/** "1:05 left" until an approval's deadline (`ms` from now); "Time is up" once it passed. */
-export function formatTimeLeft(ms) {
-  if (!Number.isFinite(ms)) return "";
-  if (ms <= 0) return "Time is up";
-  const total = Math.ceil(ms / 1000);
-  if (total >= 3600) return `${Math.floor(total / 3600)} h ${Math.floor((total % 3600) / 60)} min left`;
-  return `${Math.floor(total / 60)}:${String(total % 60).padStart(2, "0")} left`;
-}
-
-const STATUS_LABELS = {
-  running: "Running…",
-  pending_approval: "Waiting for approval",
-  succeeded: "Done",
-  failed: "Failed",
-  denied: "Denied",
-  expired: "Expired: no decision in time",
-  cancelled: "Cancelled",
-  unknown: "Outcome unknown: the tool was not run again",
-  ended: "Ended with the run",
-};
-
-/** A label for each call state shown on a card (`data-state`). */
-export function toolStatusLabel(state) {
-  return STATUS_LABELS[state] || state;
-}
-
-/** What a resolved approval says: the recorded decision, and who made it. */
-export function decisionText(approval) {
-  if (!approval || approval.status !== "resolved") return "";
-  const by = approval.resolvedBy ? ` by ${approval.resolvedBy}` : "";
-  switch (approval.decision) {
-    case "allow-once":
-      return `Allowed once${by}`;
-    case "deny":
-      return `Denied${by}`;
-    case "expired":
-      return "Expired: no decision in time";
-    case "cancelled":
-      return "Cancelled: the run was stopped before a decision";
-    case null:
-      return "No longer waiting for a decision";
-    default:
-      return `Decision: ${approval.decision}${by}`;
-  }
-}
-
-const DECISION_STATE = { deny: "denied", expired: "expired", cancelled: "cancelled" };
-
-/**
- * Everything a tool card shows, as plain data (all text is untrusted and goes into the DOM as text).
- * `state` is the card's `data-state`: running, pending_approval, a terminal state, or `ended`
- * (the run ended with the call open). `spinning` only while running or waiting for approval.
- */
-export function toolCardView(call, approval = null) {
-  let state = call.status;
-  if (!TOOL_TERMINAL.has(state)) {
-    if (call.runEnded) state = "ended";
-    else if (approval && approval.status === "resolved" && DECISION_STATE[approval.decision]) state = DECISION_STATE[approval.decision];
-  }
-  const terminal = TOOL_TERMINAL.has(call.status);
-  const args = formatArgs(call.args);
-  const view = {
-    id: call.id,
-    runId: call.runId,
-    name: call.name || (approval && approval.toolName) || "tool",
-    state,
-    label: toolStatusLabel(state),
-    spinning: state === "running" || state === "pending_approval",
-    args,
-    result: terminal ? { text: call.result || "", isError: call.isError } : null,
-    progress: !terminal && !call.runEnded && call.progress
-      ? { value: call.progress.progress, max: call.progress.total, text: formatProgress(call.progress) }
-      : null,
-    approval: null,
-  };
-  if (approval) {
-    const open = approval.status === "pending" && !terminal && !call.runEnded;
-    let astate = "resolved";
-    if (open) astate = approval.sending ? "sending" : "pending";
-    else if (approval.status === "pending") astate = "closed"; // the call or its run ended first
-    view.approval = {
-      id: approval.id,
-      title: approval.title || `Allow ${view.name}?`,
-      description: approval.description || "",
-      severity: approval.severity || "",
-      state: astate,
-      decisions: open ? approval.allowedDecisions : [],
-      sending: approval.sending,
-      deadline: open ? approval.deadline : null,
-      decisionText: astate === "resolved" ? decisionText(approval) : astate === "closed" ? "No longer waiting for a decision" : "",
-      error: approval.error || "",
-    };
-  }
-  return view;
 }

@@ -1,4 +1,4 @@
-// Small helpers for the chat page (app.js) that need no browser: the Node unit tests
+// Small helpers of the chat page that need no browser: the Node unit tests
 // (tests/js/util.test.mjs) import this file too. No state, no I/O of their own.
 
 /**

@@ -172,7 +172,9 @@ async def test_abort_mid_stream(client):
 
 async def test_abort_racing_the_end_has_one_terminal_that_the_answer_agrees_with(client):
     for i in range(5):
-        rid = await client.send("agent", agent_params(f"quick {i}", f"r{i}"), rid=f"r{i}")
+        rid = await client.send(
+            "agent", agent_params(f"quick {i}", f"r{i}"), rid=f"agent-r{i}"
+        )  # apart from the client's own ids
         await asyncio.sleep(0.01 * i)
         await client.send("chat.abort", {"sessionKey": "main", "runId": f"r{i}"})
         _accepted, final = await client.wait_answers(rid, 2)

@@ -8,9 +8,12 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from chat.delivery.broadcaster import chat_message
+from chat.delivery.connection import ConnectionState, HeldRun
+from chat.delivery.first_sight import Stored
 from chat.delivery.repair import EndedRun, Snapshot, connection_events
-from chat.protocol import wire
-from chat.websocket.connection import ConnectionState
+from chat.protocol import session_rows
+from tests.support.db import plant_run
 
 
 def chat(run_id: str, seq: int, state: str = "delta") -> dict[str, Any]:
@@ -18,7 +21,7 @@ def chat(run_id: str, seq: int, state: str = "delta") -> dict[str, Any]:
 
 
 def row(key: str, version: int, **extra: Any) -> dict[str, Any]:
-    return wire.row_event({"key": key, "version": version, **extra}, "patch")
+    return session_rows.row_event({"key": key, "version": version, **extra}, "patch")
 
 
 def test_rows_from_the_layer_are_filtered_the_same_way() -> None:
@@ -126,6 +129,36 @@ def test_an_unknown_runs_event_written_well_before_the_connection_is_not_its_new
     assert s.admit_chat(11, chat("repaired", 3, "final"))  # from the database (repair): no written_at
 
 
+def test_a_run_first_heard_of_is_settled_by_how_it_is_stored() -> None:
+    """Held events of a run never heard of become: themselves (open, or not known), its terminal
+    (ended since the connection opened), or nothing (ended before, or gone with its session)."""
+    s = state()
+    opened = s.connected_at.timestamp()
+    assert s.first_heard(1, chat("a", 2), written_at=opened)
+    assert not s.first_heard(1, chat("a", 2, "aborted"), written_at=opened)  # a terminal leaves nothing open
+    assert not s.first_heard(1, chat("a", 2), written_at=opened - 10)  # stale: dropped as before
+    ended = {**chat_message(1, 4, chat("ended", 5, "aborted")), "agent": {}}
+    cases = {
+        1: (Stored(0.0), None),
+        2: (None, None),  # the database away: followed, as before (repair ends it)
+        3: (Stored(0.0, terminal=ended, ended_at=timezone.now() + timedelta(seconds=1)), "aborted"),
+        4: (Stored(0.0, terminal=ended, ended_at=s.connected_at - timedelta(seconds=1)), "nothing"),
+        5: (Stored(0.0, found=False), "nothing"),
+    }
+    for pk, (stored, outcome) in cases.items():
+        delta = {**chat_message(1, pk, chat(f"r{pk}", 2)), "via": "operators"}
+        s.held[pk] = HeldRun(delta, [delta])
+        s.settle(pk, stored)
+        events = s.held.pop(pk).events
+        if outcome is None:
+            assert events == [delta] and pk in s.open_run_pks()
+        elif outcome == "nothing":
+            assert events == [] and s.runs[pk].terminal
+        else:
+            assert [(e["payload"]["state"], e.get("via")) for e in events] == [(outcome, "operators")]
+            assert pk in s.open_run_pks()  # until the terminal is admitted
+
+
 @pytest.mark.django_db(transaction=True)
 async def test_a_new_connection_is_not_handed_a_stale_event_by_the_hub(client: Any) -> None:
     from chat.delivery.broadcaster import chat_message
@@ -134,7 +167,8 @@ async def test_a_new_connection_is_not_handed_a_stale_event_by_the_hub(client: A
     conn = next(iter(runtime.connections))
     owner = conn.state.user_id
     stale = {**chat_message(owner, 99, chat("ancient", 1, "status")), "at": conn.state.connected_at.timestamp() - 30}
-    fresh = chat_message(owner, 100, chat("recent", 1, "status"))
+    recent = await plant_run(owner, "recent")  # open: a run first heard of is followed once found open
+    fresh = chat_message(owner, recent.pk, chat("recent", 1, "status"))
     await runtime.hub.deliver(stale)
     await runtime.hub.deliver(fresh)
     await client.drain(0.3)

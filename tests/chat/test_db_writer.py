@@ -1,4 +1,4 @@
-"""The SQLite writer (`chat.runtime.db.Writer`): group commit, savepoints, admissions first, panics.
+"""The SQLite writer (`chat.base.db.Writer`): group commit, savepoints, admissions first, panics.
 
 Each test holds the writer busy with a first job while it queues the writes it means to
 batch, so that they run together in one transaction, as under load.
@@ -15,8 +15,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 
+from chat.base.db import BatchRolledBack, WritePanicked, Writer
 from chat.delivery import broadcaster
-from chat.runtime.db import BatchRolledBack, WritePanicked, Writer
 from sessions_app.lifecycle import sessions
 from sessions_app.models import ChatSession
 from tests.support.writer import WAIT, held, own_writer

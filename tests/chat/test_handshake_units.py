@@ -6,7 +6,9 @@ from typing import Any
 
 import pytest
 
+from chat.protocol import scopes
 from chat.websocket import handshake
+from sessions_app.models import default_key_scopes
 
 BASE: dict[str, Any] = {"minProtocol": 4, "maxProtocol": 4, "client": {"id": "c", "version": "1"}}
 
@@ -51,6 +53,24 @@ def test_scopes_granted() -> None:
     ]
     assert handshake.granted_scopes(["operator.write"], staff=True) == ["operator.read", "operator.write"]
     assert handshake.granted_scopes(["operator.read", 7, "operator.talk"], staff=True) == ["operator.read"]
+
+
+def test_a_keys_scopes_cap_what_is_granted() -> None:
+    """KeyScope read/write/approvals/admin grant operator.read/write/approvals/admin, and no more."""
+    assert scopes.of_key(["read", "write", "approvals", "admin", "root"]) == {
+        "operator.read",
+        "operator.write",
+        "operator.approvals",
+        "operator.admin",
+    }
+    default = scopes.of_key(default_key_scopes())
+    for asked in (None, ["operator.read"], ["operator.admin"], ["operator.write", "operator.approvals"]):
+        # a key with the default scopes: what a user who is not staff was granted before
+        assert handshake.granted_scopes(asked, staff=False, key=default) == handshake.granted_scopes(asked, staff=False)
+    assert handshake.granted_scopes(None, staff=True, key=default) == ["operator.read", "operator.write"]
+    read_only = scopes.of_key(["read"])
+    assert handshake.granted_scopes(["operator.admin"], staff=True, key=read_only) == ["operator.read"]
+    assert handshake.granted_scopes(["operator.write"], staff=False, key=frozenset()) == []
 
 
 def test_hello_lists_methods_and_announces_the_page_limits(settings: Any) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from chat.runtime.backends import BackendError, BackendTimeout, DispatchError, RunContext
-from chat.runtime.backends.openai_backend import AgentSettings, OpenAIBackend, build_messages
+from chat.runtime.backends.openai import OpenAIBackend
 from tests.support.fake_openai import FakeOpenAI, Reply, agent_config, closed_port_url
 
 
@@ -103,46 +103,6 @@ async def test_usage_is_optional_and_can_be_switched_off(fake: FakeOpenAI):
     assert ctx.usage is None
     assert "stream_options" not in fake.requests[0].body
     assert fake.requests[0].headers["authorization"] == "Bearer not-needed"  # local servers want any key
-
-
-def test_transcript_is_trimmed_from_the_oldest_end_and_keeps_aborted_text():
-    history = [
-        {"role": "user", "text": "a" * 40, "aborted": False, "run": 1},
-        {"role": "assistant", "text": "b" * 40, "aborted": False, "run": 1},
-        {"role": "user", "text": "c" * 10, "aborted": False, "run": 2},
-        {"role": "assistant", "text": "partial", "aborted": True, "run": 2},  # shown, then aborted
-        {"role": "user", "text": "", "aborted": False, "run": 3},  # nothing to send
-    ]
-    ctx = make_ctx("now", history=history)
-    settings = AgentSettings.from_config("llm", {"model": "m", "system_prompt": "S" * 5, "context_chars": 50})
-    # budget 50 - 5 (system) - 3 (current) = 42: "partial" (7) and c*10 fit, b*40 would not.
-    assert build_messages(ctx, settings) == [
-        {"role": "system", "content": "SSSSS"},
-        {"role": "user", "content": "c" * 10},
-        {"role": "assistant", "content": "partial"},
-        {"role": "user", "content": "now"},
-    ]
-    roomy = AgentSettings.from_config("llm", {"model": "m", "context_tokens": 1000})  # ~4000 chars
-    assert roomy.context_chars == 4000
-    assert [m["content"] for m in build_messages(ctx, roomy)] == ["a" * 40, "b" * 40, "c" * 10, "partial", "now"]
-    # The run's own message is always sent, even alone over budget: the server decides.
-    tiny = AgentSettings.from_config("llm", {"model": "m", "context_chars": 1})
-    assert build_messages(ctx, tiny) == [{"role": "user", "content": "now"}]
-
-
-def test_only_the_transcript_up_to_this_runs_message_is_sent_and_text_attachments_are_inlined():
-    transcript = [
-        {"role": "user", "text": "first", "aborted": False, "run": 1},
-        {"role": "user", "text": "mine", "aborted": False, "run": 7},
-        {"role": "user", "text": "later", "aborted": False, "run": 8},
-    ]
-    ctx = make_ctx("mine", attachments=[{"mimeType": "text/plain", "fileName": "notes.txt", "text": "N1"}])
-    ctx.transcript = transcript
-    settings = AgentSettings.from_config("llm", {"model": "m"})
-    assert build_messages(ctx, settings) == [
-        {"role": "user", "content": "first"},
-        {"role": "user", "content": "mine\n\n[notes.txt]\nN1"},
-    ]
 
 
 def test_check_setup_refuses_what_cannot_work(monkeypatch):

@@ -17,8 +17,7 @@ from typing import Any
 import pytest
 from channels.db import database_sync_to_async
 
-from chat.runtime.backends import RunContext
-from chat.runtime.backends.openai_backend import AgentSettings, build_messages
+from chat.runtime.tools.pool import pool
 from sessions_app.models import Run, ToolCall
 from tests.support.communicator import Client, open_client
 from tests.support.db import open_tool_calls
@@ -350,67 +349,58 @@ async def test_abort_while_a_call_waits_for_approval_cancels_it(tool_client, fak
     assert await open_tool_calls() == 0
 
 
-# --- the history as the model is sent it (no server needed) ----------------------------------------------
+# --- model function names --------------------------------------------------------------------------------
+
+COLLISION = "tools 't._echo' and 't_.echo' would both be the model function 't___echo'"
 
 
-def _ctx(transcript: list[dict[str, Any]]) -> RunContext:
-    now = {"role": "user", "text": "now", "aborted": False, "run": 9}
-    return RunContext(
-        run_pk=9,
-        run_id="r9",
-        session_key=KEY,
-        session_id="gen",
-        agent_id="llm",
-        agent={},
-        message="now",
-        transcript=[*transcript, now],
+def _two_servers(use_agent: Any, extra: str = "", **overrides: Any) -> dict[str, Any]:
+    """Servers `t` and `t_`; `t` also lists `extra` tools: with `_echo`, `t._echo` and `t_.echo` are
+    both the model function `t___echo`."""
+    plain = {"command": sys.executable, "args": [TEST_SERVER]}
+    servers = {"t": {**plain, "env": {"MCP_EXTRA_TOOLS": extra}}, "t_": plain}
+    config: dict[str, Any] = use_agent(mcp_servers=servers, **overrides)
+    return config
+
+
+async def test_two_tools_with_one_model_function_name_refuse_the_send_naming_both(tool_client, fake, use_agent):
+    _two_servers(use_agent, "_echo")
+    params = {"sessionKey": KEY, "message": "echo", "idempotencyKey": "r1"}
+    ack = (await tool_client.call("chat.send", params, 30))["payload"]
+    assert ack["status"] == "error" and COLLISION in ack["summary"], ack
+    assert fake.requests == []  # nothing reached the model
+
+    # allow only one of the two: the model knows each function by one name
+    _two_servers(use_agent, "_echo", tools=["t.*", "t_.slow"])
+    fake.push(Reply(chunks=["ok"]))
+    await send(tool_client, "r2", "echo")
+    assert (await tool_client.wait_terminal("r2", timeout=30))["state"] == "final"
+    names = [t["function"]["name"] for t in fake.requests[0].body["tools"]]
+    assert "t___echo" in names and "t___slow" in names and len(names) == len(set(names)), names
+
+
+async def test_a_list_that_comes_to_collide_fails_the_queued_run_when_it_starts(tool_client, fake, use_agent):
+    """A run accepted while the lists did not collide reads them again when it starts: `t` grew
+    `_echo` meanwhile, so it fails at dispatch naming both, and never reaches the model."""
+    config = _two_servers(use_agent)
+    fake.push(
+        tool_reply(ToolCallReply("t__grow", json.dumps({"name": "_echo"}), id="call_g")),
+        tool_reply(ToolCallReply("t__count", "{}", id="call_c")),
+        Reply(chunks=["Grown."]),
     )
-
-
-def _tool(call_id: str, step: int, offset: int, status: str = "succeeded", **extra: Any) -> dict[str, Any]:
-    item = {"id": call_id, "name": "demo__calculate", "arguments": '{"expression": "1"}', "result": f"r-{call_id}"}
-    return {**item, "status": status, "step": step, "offset": offset, **extra}
-
-
-def test_history_splits_the_reply_at_each_step_and_sends_only_complete_pairs():
-    text = "Looking.\n\nOne more.\n\nDone."
-    entry = {
-        "role": "assistant",
-        "text": text,
-        "run": 3,
-        "tools": [
-            _tool("tc_1", 1, len("Looking.")),
-            _tool("tc_2", 1, len("Looking."), status="failed", arguments='{"expression": ', name="demo.bad name"),
-            _tool("tc_3", 2, len("Looking.\n\nOne more.")),
-            _tool("tc_4", 2, len("Looking.\n\nOne more."), status="running"),  # not ended: left out
-            _tool("tc_5", 3, len(text), status="cancelled", result=""),
-        ],
-    }
-    ask = {"role": "user", "text": "go", "aborted": False, "run": 3}
-    settings = AgentSettings.from_config("llm", {"model": "m"})
-    messages = build_messages(_ctx([ask, entry]), settings)
-    calls = [m.get("tool_calls") and [c["id"] for c in m["tool_calls"]] for m in messages]
-    assert [m["role"] for m in messages] == [
-        "user",
-        *("assistant", "tool", "tool"),
-        *("assistant", "tool"),
-        *("assistant", "tool"),
-        "user",
-    ]
-    assert calls == [None, ["tc_1", "tc_2"], None, None, ["tc_3"], None, ["tc_5"], None, None]
-    assert [m["content"] for m in messages if m["role"] == "assistant"] == ["Looking.", "One more.", "Done."]
-    bad = messages[1]["tool_calls"][1]["function"]
-    assert bad == {"name": "demo_bad_name", "arguments": "{}"}  # a history every server accepts
-    assert messages[7] == {"role": "tool", "tool_call_id": "tc_5", "content": "(no output; the call ended cancelled)"}
-
-    # Trimming drops a run's calls and results with its text, never a tool message alone.
-    tight = AgentSettings.from_config("llm", {"model": "m", "context_chars": 60})
-    assert build_messages(_ctx([ask, entry]), tight) == [{"role": "user", "content": "now"}]
-
-
-def test_a_reply_of_only_tool_calls_is_still_sent():
-    entry = {"role": "assistant", "text": "", "run": 3, "tools": [_tool("tc_1", 1, 0)]}
-    messages = build_messages(_ctx([entry]), AgentSettings.from_config("llm", {"model": "m"}))
-    assert messages[0]["content"] is None and messages[0]["tool_calls"][0]["id"] == "tc_1"
-    assert messages[1] == {"role": "tool", "tool_call_id": "tc_1", "content": "r-tc_1"}
-    assert len(messages) == 3
+    await send(tool_client, "r1", "grow")
+    grow = await tool_client.wait_event(lambda e: e["event"] == "plugin.approval.requested", 20)
+    assert (await send(tool_client, "r2", "later"))["status"] == "queued"
+    await tool_client.ok("plugin.approval.resolve", {"id": grow["payload"]["id"], "decision": "allow-once"})
+    count = await tool_client.wait_event(
+        lambda e: e["event"] == "plugin.approval.requested" and e["payload"]["id"] != grow["payload"]["id"], 20
+    )
+    deadline = time.monotonic() + 10
+    while "_echo" not in {s.tool for s in await pool().list_tools("llm", config["mcp_servers"])}:
+        assert time.monotonic() < deadline, "t's tool list was not refreshed"
+        await asyncio.sleep(0.05)
+    await tool_client.ok("plugin.approval.resolve", {"id": count["payload"]["id"], "decision": "deny"})
+    assert (await tool_client.wait_terminal("r1", timeout=30))["state"] == "final"
+    end = await tool_client.wait_terminal("r2", timeout=30)
+    assert end["state"] == "error" and end["errorKind"] == "dispatch" and COLLISION in end["errorMessage"], end
+    assert len(fake.requests) == 3  # r1's three steps; r2 never reached the model

@@ -14,9 +14,11 @@ from channels.db import database_sync_to_async
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from chat.methods import handlers, openclaw
+from chat.base import availability
+from chat.methods import openclaw
+from chat.methods.send import admission
+from chat.methods.sessions import params as sessions_params
 from chat.protocol import frames
-from chat.runtime import availability
 from sessions_app.lifecycle import sessions as lifecycle_sessions
 from sessions_app.models import ChatSession, Message, Run
 from sessions_app.tokens import issue_token
@@ -362,7 +364,7 @@ async def test_a_retried_create_replays_its_first_message(client):
     first = await client.ok("sessions.create", params)
     key = first["key"]
     assert first["runId"] == "create-1" and first["runStarted"] is True
-    assert key == "agent:main:" + frames.derived_name("create-1")
+    assert key == "agent:main:" + sessions_params.derived_name("create-1")
     await client.wait_terminal("create-1")
     # the same create again (its answer was lost): the same session, the stored run, nothing new
     again = await client.ok("sessions.create", params)
@@ -401,11 +403,11 @@ def _database_away() -> None:
 
 
 async def test_an_outage_after_the_create_is_a_run_error_and_the_session_is_kept(client, monkeypatch):
-    async def database_gone(conn: Any, send: Any) -> Any:
+    async def database_gone(*_args: Any) -> Any:
         _database_away()
         raise availability.database.refuse()
 
-    monkeypatch.setattr(handlers, "_admit", database_gone)
+    monkeypatch.setattr(admission, "_admit", database_gone)
     params = {"agentId": "main", "message": "hello", "idempotencyKey": "out-1"}
     try:
         created = await client.ok("sessions.create", params)
@@ -428,7 +430,7 @@ async def test_any_other_failure_after_the_create_is_a_run_error_too(client, mon
     async def broken(conn: Any, send: Any) -> Any:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(handlers, "_admit", broken)
+    monkeypatch.setattr(admission, "_admit", broken)
     created = await client.ok("sessions.create", {"key": "kept", "message": "hello"})
     assert created["runError"]["code"] == "INTERNAL" and created["entry"]["key"] == "agent:main:kept"
     assert (await counts())["sessions"] == 1

@@ -113,7 +113,10 @@ async def test_metrics_count_acks_latency_runs_and_sockets(alice: tuple[Any, str
         assert again["status"] == "ok"
         bad = await client.call("chat.send", {"sessionKey": "main", "message": "x", "idempotencyKey": "m1"})
         assert bad["error"]["code"] == "CONFLICT"
-        ended = ("agentgate_runs_ended_total", (("agent", "main"), ("error_kind", ""), ("state", "done")))
+        ended = (
+            "agentgate_runs_ended_total",
+            (("agent", "main"), ("error_kind", ""), ("state", "done"), ("surface", "ws")),
+        )
         for _ in range(40):  # the run-end metric is counted on commit, beside the broadcast
             after = await database_sync_to_async(scrape)()
             if after.get(ended, 0.0) > before.get(ended, 0.0):
@@ -130,7 +133,8 @@ async def test_metrics_count_acks_latency_runs_and_sockets(alice: tuple[Any, str
     assert delta("agentgate_chat_send_acks_total", method="chat.send", status="ok") == 1
     assert delta("agentgate_chat_send_acks_total", method="chat.send", status="conflict") == 1
     assert delta("agentgate_chat_send_seconds_count", method="chat.send") == 3
-    assert delta("agentgate_runs_ended_total", agent="main", state="done", error_kind="") == 1
+    assert delta("agentgate_runs_ended_total", agent="main", state="done", error_kind="", surface="ws") == 1
+    assert delta("agentgate_runs_started_total", agent="main", surface="ws") == 1
     assert delta("agentgate_run_duration_seconds_count", agent="main", state="done") == 1
     assert delta("agentgate_time_to_first_token_seconds_count", agent="main") == 1
     assert delta("agentgate_method_calls_total", method="chat.send", outcome="ok") == 2

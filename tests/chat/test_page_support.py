@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from chat.protocol import frames
+from chat.protocol import keys
 from tests.support.communicator import open_client
 from tests.support.db import send_params
 
@@ -46,8 +46,8 @@ async def test_hello_policy_carries_page_limits(settings, alice):
     c = await open_client(alice[1], subscribe=False)
     policy = c.hello["policy"]
     assert policy["maxMessageChars"] == 1234
-    assert policy["sessionKeyNamePattern"] == f"^{frames.KEY_NAME_RE.pattern}$"
-    assert policy["agentIdPattern"] == f"^{frames.AGENT_ID_RE.pattern}$"
+    assert policy["sessionKeyNamePattern"] == f"^{keys.KEY_NAME_RE.pattern}$"
+    assert policy["agentIdPattern"] == f"^{keys.AGENT_ID_RE.pattern}$"
     # The patterns are plain enough for a JavaScript RegExp, and mean the same there.
     assert re.fullmatch(policy["sessionKeyNamePattern"], "work.notes-1:a") is not None
     await c.close()

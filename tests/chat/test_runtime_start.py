@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from channels.testing import WebsocketCommunicator
 
-from chat.runtime.availability import ChannelLayerUnavailable
+from chat.base.availability import ChannelLayerUnavailable
 from chat.runtime.gateway import runtime
 from tests.support.communicator import open_client
 from tests.support.db import send_params

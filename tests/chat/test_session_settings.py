@@ -12,8 +12,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from chat.checks import agent_table
-from chat.protocol import wire
-from chat.runtime.backends.openai_backend import OpenAIBackend
+from chat.protocol import session_rows
+from chat.runtime.backends.openai import OpenAIBackend
 from sessions_app import gateway_reads
 from sessions_app.models import ChatSession, Message, Run
 from tests.chat.test_openai_backend import make_ctx, run_backend
@@ -185,7 +185,7 @@ def test_rows_of_a_page_cost_one_query_whatever_their_number(alice):
     )
     page = gateway_reads.list_sessions(owner.pk, limit=40)
     with CaptureQueriesContext(connection) as captured:
-        rows = wire.session_rows(page.sessions)
+        rows = session_rows.session_rows(page.sessions, gateway_reads.queues_of(page.sessions))
     assert len(rows) == 40 and len(captured) == 1  # the page's queued runIds
     assert {r["thinkingLevel"] for r in rows} == {"high"} and rows[0]["totalTokens"] == rows[0]["inputTokens"] + 1
 
@@ -357,6 +357,34 @@ async def test_a_retried_command_replays_its_answer(client):
     assert (await client.ok("chat.send", send_params("main", "/status", "st")))["reply"] == status
 
 
+@pytest.mark.parametrize("text", ["/new", "/reset", "/stop"])
+async def test_a_retried_stop_new_or_reset_answers_its_first_answer_and_does_nothing_again(client, text):
+    await start_session(client)
+    await client.ok("chat.send", send_params("main", "[[hang]]", "a"))
+    first = await command(client, text, "cmd")
+    assert (first["aborted"], first["runIds"]) == (True, ["a"])
+    await client.wait_terminal("a")
+    # a run of the session as the command left it, then the command's send again (its ack was lost)
+    await client.ok("chat.send", send_params("main", "[[hang]]", "b"))
+    running = {"runId": "b", "state": "status", "phase": "running"}
+    await client.wait_event(lambda e: e["event"] == "chat" and running.items() <= e["payload"].items())
+    row = (await client.ok("sessions.list"))["sessions"][0]
+    history = await client.ok("chat.history", {"sessionKey": KEY})
+    before = await counts()
+    await client.drain(0.2)
+    seen = len(client.events)
+    again = await client.ok("chat.send", send_params("main", text, "cmd"))
+    # its first answer (the runs it stopped then, the sessionId it started), and nothing done now:
+    # `b` runs on, the sessionId, transcript and row are as they were, nothing is announced
+    assert again == first
+    assert (await client.ok("sessions.list"))["sessions"][0] == row and row["activeRunIds"] == ["b"]
+    assert await client.ok("chat.history", {"sessionKey": KEY}) == history
+    assert await counts() == before
+    await client.ok("health")
+    await client.drain(0.2)
+    assert [e for e in client.events[seen:] if e["event"] in ("chat", "sessions.changed", "agent")] == []
+
+
 @pytest.mark.parametrize(
     ("first", "then"),
     [
@@ -364,6 +392,11 @@ async def test_a_retried_command_replays_its_answer(client):
         (("/status", "cmd"), "/verbose on"),
         (("one two three", "r1"), "/status"),  # a command under a run's key
         (("one two three", "r1"), "/think high"),
+        (("/new", "cmd"), "/stop"),  # /new, /reset and /stop keep their keys too
+        (("/stop", "cmd"), "/reset"),
+        (("/status", "cmd"), "/new"),
+        (("one two three", "r1"), "/new"),
+        (("one two three", "r1"), "/stop"),
     ],
 )
 async def test_a_command_under_a_used_key_is_a_conflict_and_changes_nothing(client, first, then):
@@ -429,13 +462,35 @@ async def test_a_message_that_only_starts_like_a_command_goes_to_the_model(clien
     assert (session.thinking_level, session.verbose_level, session.model_override) == ("", "", "")
 
 
-async def test_the_answer_goes_to_the_sending_connection_only(alice, client):
+async def test_the_stored_exchange_reaches_the_owners_other_connections_once(alice, client):
+    """/think high from one tab: the owner's other tab sees its answer live, as the `chat` `final`
+    the sender got before its ack, exactly once; the sender too gets it exactly once."""
     other = await open_client(alice[1])
     try:
-        await command(client, "/status", "only-me")
-        await other.ok("health")  # a round trip: anything sent before it has arrived
-        await other.drain(0.2)
-        assert other.chat_events("only-me") == []
+        await start_session(client)
+        ack = await command(client, "/think high", "t-live")
+        mine = client.chat_events("t-live")
+        seen = (await other.wait_event(lambda e: e["event"] == "chat" and e["payload"]["runId"] == "t-live"))["payload"]
+        assert seen == mine[0] and ack["reply"] == "Thinking level set to high."
+        # the `agent` method has no event of its own for the command; the other tab sees the exchange
+        agent = await client.call("agent", {"message": "/status", "idempotencyKey": "ag-live"})
+        status = await other.wait_event(lambda e: e["event"] == "chat" and e["payload"]["runId"] == "ag-live")
+        assert status["payload"]["message"]["content"][0]["text"] == agent["payload"]["reply"]
+        # a retry stores nothing and announces nothing
+        assert (await client.ok("chat.send", send_params("main", "/think high", "t-live")))["reply"] == ack["reply"]
+        for tab in (client, other):
+            await tab.ok("health")  # a round trip: anything sent before it has arrived
+            await tab.drain(0.3)
+        assert len(client.chat_events("t-live")) == 1 and len(other.chat_events("t-live")) == 1
+        assert client.chat_events("ag-live") == [] and len(other.chat_events("ag-live")) == 1
+        for tab in (client, other):
+            assert tab.agent_events("t-live") == [] and tab.agent_events("ag-live") == []
+        # what the other tab was told is what its history says
+        history = (await other.ok("chat.history", {"sessionKey": KEY}))["messages"]
+        assert [(m["role"], m["runId"], m["content"][0]["text"]) for m in history if m.get("command")][:2] == [
+            ("user", "t-live", "/think high"),
+            ("assistant", "t-live", ack["reply"]),
+        ]
     finally:
         await other.close()
 
@@ -559,7 +614,8 @@ def test_a_bad_models_list_is_a_setup_error_and_a_failed_check(settings, fake, m
 
 
 async def test_settings_apply_to_a_queued_run_when_it_starts(client, fake, llm):
-    fake.push(Reply(chunks=["slow"], tick=0.3), Reply(chunks=["next"]))
+    # (the tick comes between chunks: two, so that the first run is still going when the patch lands)
+    fake.push(Reply(chunks=["slow", "ly"], tick=0.3), Reply(chunks=["next"]))
     await client.ok("chat.send", send_params(llm, "one", "k1"))
     await client.ok("chat.send", send_params(llm, "two", "k2"))
     await client.ok("sessions.patch", {"key": llm, "thinkingLevel": "low"})

@@ -178,7 +178,7 @@ async def test_a_crashing_server_fails_the_call_and_the_next_call_works(tc: Any)
 
 async def test_a_missed_result_is_repaired(tc: Any) -> None:
     """Drop the result on its way (the connection's filter never sees it): repair sends it, once."""
-    from chat.websocket import connection
+    from chat.delivery import connection
 
     original = connection.ConnectionState.tool_events
     dropped: list[str] = []
@@ -222,3 +222,60 @@ async def test_pending_approval_sets_and_clears_waiting_for_with_one_row_each(tc
         return a.decision, a.decided_by
 
     assert await approval_row() == ("deny", "alice")
+
+
+@database_sync_to_async
+def admin_page(name: str, *args: Any, **query: str) -> str:
+    """An admin page as a superuser sees it."""
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+    from django.urls import reverse
+
+    root, _ = get_user_model().objects.get_or_create(username="root", defaults={"is_staff": True, "is_superuser": True})
+    browser = Client()
+    browser.force_login(root)
+    res = browser.get(reverse(name, args=args), query)
+    assert res.status_code == 200
+    return res.content.decode()
+
+
+async def test_every_ended_call_says_its_error_kind_in_events_history_and_the_admin(
+    tc: Any, agent: dict[str, Any]
+) -> None:
+    """TOOLS.md §13.6: a tool's own timeout ends the call `failed` with `errorKind: "tool_timeout"`;
+    every ended call that has a kind says it the same in its `result` event, its `toolResult`
+    message, `inFlightRun.tools` and the admin (a call that succeeded has none)."""
+    agent["tool_timeout_ms"] = 500
+    agent["tools"] = ["t.slow", "t.echo", "t.count"]  # t.big is not allowed
+    message = (
+        '[[tool:t.slow {"ms": 10000}]] [[tool:t.echo {"text": oops}]] [[tool:t.big {"n": 1}]] '
+        '[[tool:t.echo {"text": "fine"}]] [[tool:t.count {"arg": "no"}]]'
+    )
+    await send(tc, message, "k1")
+    requested = await tc.wait_event(lambda e: e["event"] == "plugin.approval.requested", 20)
+    # the run is still open (t.count waits for approval): its ended calls say their kind there too
+    open_run = (await tc.ok("chat.history", {"sessionKey": "main"}))["inFlightRun"]
+    kinds = ["tool_timeout", "bad_arguments", "unknown_tool", None]
+    assert [t.get("errorKind") for t in open_run["tools"]] == [*kinds, None], open_run["tools"]
+    await tc.ok("plugin.approval.resolve", {"id": requested["payload"]["id"], "decision": "deny"})
+    assert (await tc.wait_terminal("k1", 20))["state"] == "final"
+
+    kinds.append("deny")
+    got = results(tc, "k1")
+    assert [r["status"] for r in got] == ["failed", "failed", "failed", "succeeded", "denied"]
+    assert [r.get("errorKind") for r in got] == kinds, got
+    history = await tc.ok("chat.history", {"sessionKey": "main"})
+    tool_results = [m for m in history["messages"] if m["role"] == "toolResult"]
+    assert [m.get("errorKind") for m in tool_results] == kinds, tool_results
+    assert [m["toolCallId"] for m in tool_results] == [r["toolCallId"] for r in got]
+
+    timed_out = got[0]["toolCallId"]
+    listed = await admin_page("admin:sessions_app_toolcall_changelist", error_kind="tool_timeout")
+    assert timed_out in listed and got[1]["toolCallId"] not in listed
+    call_pk = (await call_rows_by_id())[timed_out]
+    assert "error: tool_timeout" in await admin_page("admin:sessions_app_toolcall_change", call_pk)
+
+
+@database_sync_to_async
+def call_rows_by_id() -> dict[str, int]:
+    return dict(ToolCall.objects.values_list("call_id", "pk"))

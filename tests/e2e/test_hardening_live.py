@@ -91,14 +91,12 @@ async def test_slow_reader_is_closed_and_released(live: tuple[ServerHandle, str]
     async with ws_client(server, token) as sender:
         for i in range(3):
             await sender.ok("chat.send", send_params(f"slow{i}", "[[words:4000]] [[tick:2]]", f"s{i}"))
-        # the slow socket reads nothing while the replies stream
-        for _ in range(120):
-            await asyncio.sleep(0.5)
-            if _sockets_gauge(server) == 1:
-                break
-        assert _sockets_gauge(server) == 1  # the slow one was closed and released; the sender remains
-        for i in range(3):
-            await sender.ok("chat.abort", {"sessionKey": f"slow{i}"})
+    # The sender leaves at once: on a loaded machine this test process could itself fall behind three
+    # streams and be closed as a slow reader too. The slow socket reads nothing while the replies stream.
+    for _ in range(120):
+        await asyncio.sleep(0.5)
+        if _sockets_gauge(server) == 0:
+            break
     code = None
     try:
         while True:
@@ -107,5 +105,4 @@ async def test_slow_reader_is_closed_and_released(live: tuple[ServerHandle, str]
         code = exc.rcvd.code if exc.rcvd is not None else 1006
     assert code in (4009, 1006)  # 4009 when the close frame got through, else the server dropped it
     assert "client is not reading" in server.output()
-    await asyncio.sleep(1.5)
-    assert _sockets_gauge(server) == 0
+    assert _sockets_gauge(server) == 0  # the slow one was closed and released

@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.openclaw import InstallError, npm_install
+from tests.support.openclaw import pinned_node_modules
 from tests.support.servers import ServerHandle, create_token, prepare_database, start_server
 
 pytestmark = pytest.mark.server
@@ -29,34 +27,10 @@ VERSION = "0.14.0"
 SCRIPT = Path(__file__).parent / "node" / "scenario.cjs"
 
 
-def _installed(prefix: Path) -> bool:
-    manifest = prefix / "node_modules" / PACKAGE / "package.json"
-    try:
-        return bool(json.loads(manifest.read_text())["version"] == VERSION)
-    except (OSError, ValueError, KeyError):
-        return False
-
-
 @pytest.fixture(scope="session")
 def node_modules(request: pytest.FixtureRequest) -> Path:
     """The pinned package's `node_modules`, installed into the pytest cache when missing."""
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        pytest.skip("node and npm are needed to run openclaw-node")
-    cache = getattr(request.config, "cache", None)  # absent under `-p no:cacheprovider`
-    if cache is not None:
-        prefix = Path(cache.mkdir(f"{PACKAGE}-{VERSION}"))
-    else:
-        prefix = Path(tempfile.gettempdir()) / f"agentgate-{PACKAGE}-{VERSION}"
-        prefix.mkdir(exist_ok=True)
-    if not _installed(prefix):
-        try:
-            npm_install(npm, prefix, f"{PACKAGE}@{VERSION}", dict(os.environ), timeout=180)
-        except InstallError as exc:
-            pytest.skip(f"could not install {PACKAGE}@{VERSION} from the npm registry: {exc}")
-        if not _installed(prefix):
-            pytest.skip(f"could not install {PACKAGE}@{VERSION} from the npm registry: no such package after install")
-    return prefix / "node_modules"
+    return pinned_node_modules(request, PACKAGE, VERSION)
 
 
 @pytest.fixture(scope="module")

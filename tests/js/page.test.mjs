@@ -4,22 +4,13 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 
-import {
-  DEFAULT_POLICY,
-  canonicalKey,
-  conversation,
-  detailsOf,
-  editTarget,
-  failureText,
-  formatDetails,
-  initialState,
-  policyFrom,
-  reduce,
-  retryTarget,
-  sessionList,
-  storedDrafts,
-  storedOutbox,
-} from "../../static/chat/state.js";
+import { conversation, editTarget, retryTarget } from "../../static/chat/conversation.js";
+import { DEFAULT_POLICY, canonicalKey, policyFrom } from "../../static/chat/policy.js";
+import { sessionList } from "../../static/chat/sessions.js";
+import { initialState, reduce } from "../../static/chat/state.js";
+import { storedDrafts, storedOutbox } from "../../static/chat/storage.js";
+import { failureText, formatDetails } from "../../static/chat/texts.js";
+import { detailsOf } from "../../static/chat/transcript.js";
 import { RequestError } from "../../static/chat/client.js";
 import { GEN, KEY, run } from "./support.mjs";
 

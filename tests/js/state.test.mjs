@@ -3,18 +3,13 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 
-import {
-  activity,
-  canonicalKey,
-  conversation,
-  initialState,
-  inlineCommand,
-  isNewerRow,
-  isSeqGap,
-  outbox,
-  reduce,
-  sessionList,
-} from "../../static/chat/state.js";
+import { inlineCommand } from "../../static/chat/commands.js";
+import { conversation } from "../../static/chat/conversation.js";
+import { canonicalKey } from "../../static/chat/policy.js";
+import { activity } from "../../static/chat/runs.js";
+import { outbox } from "../../static/chat/sends.js";
+import { isNewerRow, sessionList } from "../../static/chat/sessions.js";
+import { initialState, isSeqGap, reduce } from "../../static/chat/state.js";
 import { GEN, KEY, OTHER, run } from "./support.mjs";
 
 

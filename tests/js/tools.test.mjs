@@ -5,8 +5,11 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 
-import { conversation, initialState, needsApproval, pendingApprovals, reduce, sessionList } from "../../static/chat/state.js";
-import { formatArgs, formatProgress, formatTimeLeft, resultText, toolCardView } from "../../static/chat/tools.js";
+import { conversation } from "../../static/chat/conversation.js";
+import { sessionList } from "../../static/chat/sessions.js";
+import { initialState, reduce } from "../../static/chat/state.js";
+import { needsApproval, pendingApprovals, resultText } from "../../static/chat/tools.js";
+import { formatArgs, formatProgress, formatTimeLeft, toolCardView } from "../../static/chat/toolview.js";
 import { createToolCard, updateCountdown, updateToolCard } from "../../static/chat/toolcard.js";
 import { GEN, KEY, OTHER, run } from "./support.mjs";
 
@@ -202,6 +205,49 @@ describe("tool events (agent stream tool)", () => {
     }
     assert.match(toolCardView({ id: "x", status: "unknown", runEnded: false, args: undefined }).label, /not known|unknown/i);
     assert.match(toolCardView({ id: "x", status: "unknown", runEnded: false, args: undefined }).label, /not run again/);
+  });
+
+  test("a call handed to the API client says so, live and from history, with no result of its own", () => {
+    let s = started(online(), "r1");
+    s = events(s, [start("r1", "tc1", { city: "Oslo" }), result("r1", "tc1", "", "client")]);
+    const view = card(s, "tc1").view;
+    assert.equal(view.state, "client");
+    assert.equal(view.label, "Handed to the API client");
+    assert.equal(view.spinning, false);
+    assert.equal(view.result, null);
+    const row = createToolCard(fakeDocument);
+    updateToolCard(row, view, { now: 0 });
+    assert.equal(byTestId(row, "tool-card").getAttribute("data-state"), "client");
+    assert.equal(byTestId(row, "tool-result").hidden, true);
+    const asked = { id: "2", role: "assistant", content: [{ type: "toolCall", id: "tc2", name: "get_weather", arguments: {} }], runId: "r2" };
+    const handed = { id: "tc2", role: "toolResult", toolCallId: "tc2", toolName: "get_weather", content: [text("")], isError: false, status: "client", runId: "r2", timestamp: 1 };
+    s = history(online(), { messages: [asked, handed] });
+    assert.equal(card(s, "tc2").view.label, "Handed to the API client");
+  });
+
+  test("a failed call says why (its errorKind), from the event, history or the open run's list", () => {
+    const failed = (id, errorKind) =>
+      agent("r1", "tool", { phase: "result", name: "calc.eval", toolCallId: id, isError: true, status: "failed", errorKind, result: { content: [text("x")] } });
+    let s = started(online(), "r1");
+    s = events(s, [start("r1", "tc1"), failed("tc1", "tool_timeout"), start("r1", "tc2"), failed("tc2", "some_new_kind")]);
+    assert.equal(card(s, "tc1").view.label, "Failed: the tool timed out");
+    assert.equal(card(s, "tc1").view.errorKind, "tool_timeout");
+    assert.equal(card(s, "tc2").view.label, "Failed: some_new_kind", "a kind the page does not know, as it came");
+    const row = createToolCard(fakeDocument);
+    updateToolCard(row, card(s, "tc1").view, { now: 0 });
+    assert.equal(byTestId(row, "tool-card").getAttribute("data-error-kind"), "tool_timeout");
+    const toolResult = { id: "3", role: "toolResult", toolCallId: "tc3", toolName: "calc.eval", content: [text("bad")], isError: true, status: "failed", errorKind: "bad_arguments", runId: "r2", timestamp: 1 };
+    const asked = { id: "2", role: "assistant", content: [{ type: "toolCall", id: "tc3", name: "calc.eval", arguments: "{oops" }], runId: "r2" };
+    s = history(online(), { messages: [asked, toolResult] });
+    assert.equal(card(s, "tc3").view.label, "Failed: bad arguments");
+    s = history(online(), {
+      messages: [],
+      inFlightRun: { runId: "r3", seq: 1, text: "", tools: [{ toolCallId: "tc4", name: "calc.eval", args: {}, status: "failed", isError: true, errorKind: "unknown_tool", result: { content: [] } }] },
+    });
+    assert.equal(card(s, "tc4").view.label, "Failed: not a tool this agent may call");
+    s = events(started(online(), "r1"), [start("r1", "tc5"), result("r1", "tc5", "ok")]);
+    assert.equal(card(s, "tc5").view.label, "Done");
+    assert.equal(card(s, "tc5").view.errorKind, null);
   });
 
   test("result text: text blocks joined, other blocks named, strings as they are", () => {

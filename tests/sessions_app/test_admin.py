@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import re
 from datetime import timedelta
 from http import HTTPStatus
@@ -22,9 +21,9 @@ from django.utils import timezone
 from sessions_app import operator_reads
 from sessions_app.lifecycle import operators
 from sessions_app.lifecycle import sessions as session_services
-from sessions_app.models import ApiToken, ChatSession, LifecycleEvent, Run, RunState, SessionStatus
+from sessions_app.models import ChatSession, LifecycleEvent, Run, RunState, SessionStatus
 from sessions_app.operations.seed import seed_demo_data
-from sessions_app.tokens import authenticate_token, issue_token
+from sessions_app.run_requests import ClientTool, RunRequest
 from tests.support import opsdata
 from tests.support.communicator import open_client
 
@@ -114,6 +113,17 @@ def test_failed_filters(admin_client: Client, planted: dict[str, Any]) -> None:
     assert changelist_keys(res) == {planted["failed_now"].key, planted["failed_old"].key}
 
 
+def test_run_error_kind_filter_offers_unavailable(admin_client: Client, django_user_model: Any) -> None:
+    """A run the database outage ended (`errorKind: "unavailable"`) is one click away, like the rest."""
+    owner = django_user_model.objects.create_user("erin")
+    opsdata.finish(opsdata.send(owner, "outage", "r-out"), RunState.FAILED, error_kind="unavailable")
+    opsdata.finish(opsdata.send(owner, "model", "r-model"), RunState.FAILED, error_kind="backend")
+    res = admin_client.get(reverse("admin:sessions_app_run_changelist"), {"error_kind": "unavailable"})
+    assert [r.run_id for r in res.context["cl"].result_list] == ["r-out"]
+    (kinds,) = [f for f in res.context["cl"].filter_specs if getattr(f, "parameter_name", "") == "error_kind"]
+    assert "unavailable" in [value for value, _label in kinds.lookup_choices]  # offered among its choices
+
+
 def test_status_filter(admin_client: Client, planted: dict[str, Any]) -> None:
     res = admin_client.get(reverse(CHANGELIST), {"status": "done"})
     assert changelist_keys(res) == {planted["done"].key}
@@ -158,6 +168,15 @@ def test_detail_page_shows_runs_and_timeline(admin_client: Client, planted: dict
     assert "<td>send</td>" in html and "<td>queued</td>" in html and "<td>user</td>" in html
     for action in ("abort_runs", "mark_failed", "reset_sessions"):
         assert f'value="{action}"' in html
+
+
+def test_a_runs_page_shows_what_its_http_request_gave_it(admin_client: Client, db: None) -> None:
+    run = opsdata.send(opsdata.user("erin"), "api-1", "r-http", message="what is my name?")
+    tool = ClientTool("get_weather", parameters={"type": "object", "properties": {"city": {}}})
+    request = RunRequest(context=[{"role": "user", "content": "I am Zed."}], client_tools=[tool], stateless=True)
+    Run.objects.filter(pk=run.pk).update(request=request.as_json())  # as the HTTP door admits it
+    html = admin_client.get(reverse("admin:sessions_app_run_change", args=[run.pk])).content.decode()
+    assert "I am Zed." in html and "get_weather" in html and "properties" not in html  # tools by name
 
 
 def test_run_and_process_admin_pages(admin_client: Client, planted: dict[str, Any]) -> None:
@@ -422,35 +441,6 @@ def test_run_abort_skips_a_run_whose_session_was_deleted_meanwhile(
     assert not Run.objects.filter(pk=runs[1].pk).exists()
 
 
-# --- API tokens ------------------------------------------------------------------------------------------------------
-
-
-def test_token_created_in_admin_is_shown_once(admin_client: Client, db: None) -> None:
-    owner = opsdata.user("tok-owner")
-    res = admin_client.post(reverse("admin:sessions_app_apitoken_add"), {"user": owner.pk, "name": "ci"})
-    assert res.status_code == HTTPStatus.OK
-    assert "no-store" in res["Cache-Control"]
-    raw = res.context["raw_token"]
-    assert raw.startswith("agt_") and raw in res.content.decode()
-    token = ApiToken.objects.get()
-    assert token.token_hash == hashlib.sha256(raw.encode()).hexdigest() and token.name == "ci"
-    assert authenticate_token(raw) == owner
-    page = admin_client.get(reverse("admin:sessions_app_apitoken_change", args=[token.pk])).content.decode()
-    assert raw not in page and token.token_hash not in page
-
-
-def test_token_revoke_action(admin_client: Client, db: None) -> None:
-    owner = opsdata.user("tok-owner")
-    token, raw = issue_token(owner)
-    res = admin_client.post(
-        reverse("admin:sessions_app_apitoken_changelist"),
-        {"action": "revoke", "_selected_action": [token.pk], "index": "0"},
-    )
-    assert res.status_code == HTTPStatus.FOUND
-    token.refresh_from_db()
-    assert token.revoked_at is not None and authenticate_token(raw) is None
-
-
 # --- query counts and index use --------------------------------------------------------------------------------------
 
 
@@ -593,19 +583,3 @@ def test_runs_cannot_be_deleted_one_by_one(admin_client: Client, db: None) -> No
     delete_page = admin_client.post(reverse("admin:sessions_app_run_delete", args=[run.pk]), {"post": "yes"})
     assert delete_page.status_code == HTTPStatus.FORBIDDEN
     assert Run.objects.get(pk=run.pk).state in ("dispatching", "running")
-
-
-def test_staff_can_only_mint_tokens_for_themselves(db: None) -> None:
-    from django.contrib.auth.models import Permission
-
-    client = Client()
-    staff = get_user_model().objects.create_user("sam", password="pw-12345678", is_staff=True)
-    staff.user_permissions.add(*Permission.objects.filter(codename__in=["add_apitoken", "view_apitoken"]))
-    root = get_user_model().objects.create_superuser("root", password="pw-12345678")
-    client.force_login(staff)
-    add_url = reverse("admin:sessions_app_apitoken_add")
-    res = client.post(add_url, {"user": root.pk, "name": "stolen"})
-    assert res.status_code == HTTPStatus.OK and "Select a valid choice" in res.content.decode()
-    assert not ApiToken.objects.filter(user=root).exists()
-    res = client.post(add_url, {"user": staff.pk, "name": "mine"})
-    assert res.status_code == HTTPStatus.OK and ApiToken.objects.filter(user=staff, name="mine").exists()

@@ -8,11 +8,12 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from sessions_app.lifecycle.retention import prune_idle_sessions
+from sessions_app.lifecycle.idle import prune_idle_sessions
 from sessions_app.models import (
     ApiToken,
     ChatSession,
@@ -24,7 +25,7 @@ from sessions_app.models import (
     SessionStatus,
 )
 from sessions_app.operations import doctor
-from sessions_app.tokens import authenticate_token, issue_token
+from sessions_app.tokens import authenticate_token, find_key, issue_token
 from tests.support import opsdata
 from tests.support.opsdata import doctor_json
 
@@ -258,6 +259,48 @@ def test_create_api_token_json_and_plain() -> None:
     assert authenticate_token(raw) is not None
     with pytest.raises(CommandError):
         run("create_api_token", "nobody")
+
+
+def test_create_api_token_with_scopes() -> None:
+    data = run_json("create_api_token", "erin", create_user=True, name="reader", read_only=True)
+    assert data["scopes"] == ["read"] and find_key(data["token"]).scopes == {"read"}
+    data = run_json("create_api_token", "erin", scopes="approvals, read,write")
+    assert data["scopes"] == ["read", "write", "approvals"]  # each once, in their order
+    assert run_json("create_api_token", "erin")["scopes"] == ["read", "write", "approvals"]  # the default
+    out = run("create_api_token", "erin", "--scopes", "read,write")
+    assert "with scopes read,write" in out and find_key(out.strip().splitlines()[-1]).scopes == {"read", "write"}
+    opsdata.user("root", is_staff=True)
+    assert run_json("create_api_token", "root", scopes="read,admin")["scopes"] == ["read", "admin"]
+
+
+@pytest.mark.parametrize(
+    ("args", "options", "error"),
+    [
+        (("erin",), {"scopes": "read,admin"}, "only a staff user's key may have the admin scope"),
+        (("erin",), {"scopes": "write"}, "every key has the read scope"),
+        (("erin",), {"scopes": "read,sudo"}, "unknown scope 'sudo'"),
+        (("erin",), {"scopes": ""}, "every key has the read scope"),
+        (("erin", "--read-only", "--scopes", "read"), {}, "not allowed with argument"),
+        (("newbie",), {"create_user": True, "scopes": "read,admin"}, "admin scope"),
+    ],
+)
+def test_create_api_token_refuses_bad_scopes_and_changes_nothing(
+    args: tuple[str, ...], options: dict[str, Any], error: str
+) -> None:
+    opsdata.user("erin")
+    with pytest.raises(CommandError, match=error):
+        run("create_api_token", *args, **options)
+    assert not ApiToken.objects.exists()
+    assert not get_user_model().objects.filter(username="newbie").exists()  # no user made for a refused key
+
+
+def test_create_api_token_keeps_to_the_limit(settings: Any) -> None:
+    settings.GATEWAY_MAX_API_KEYS_PER_USER = 2
+    run("create_api_token", "erin", create_user=True)
+    run("create_api_token", "erin")
+    with pytest.raises(CommandError, match="at most 2 active keys per user"):
+        run("create_api_token", "erin")
+    assert ApiToken.objects.count() == 2
 
 
 def test_revoke_api_token_by_prefix_id_and_user() -> None:

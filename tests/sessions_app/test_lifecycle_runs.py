@@ -94,10 +94,10 @@ def test_a_run_whose_session_was_deleted_ends_quietly(request_for: Callable[...,
     assert runs.record_delta(run.pk, "late") is None
 
 
-def test_interrupt_runs_of_a_dead_process(request_for: Callable[..., Any]) -> None:
+def test_interrupt_a_run_of_a_dead_process(request_for: Callable[..., Any]) -> None:
     run = runs.admit_send(request_for("r1"), owner_process="dead").run
     assert run is not None
-    assert runs.interrupt_runs_of_process("dead", message="gone") == [run.pk]
+    assert runs.interrupt_run(run.pk, message="gone") is True
     run.refresh_from_db()
     assert run.state == RunState.FAILED and run.error_kind == "interrupted"
 

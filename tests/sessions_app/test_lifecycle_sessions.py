@@ -96,3 +96,44 @@ def test_operator_start_next(request_for: Callable[..., Any]) -> None:
     Run.objects.filter(run_id="r1").update(state=RunState.DONE)
     ChatSession.objects.filter(pk=first.session.pk).update(active_run=None)
     assert operators.start_next(first.session.pk) == "r2"
+
+
+def _answer(session: ChatSession, killed: list[str]) -> str:
+    return f"{session.session_id} stopped {killed}"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_inline_command_is_done_once_under_its_key(
+    request_for: Callable[..., Any],
+    owner: Any,
+    broadcasts: list[dict[str, Any]],
+) -> None:
+    """A retried /new answers its first answer from its receipt (which the reset it made does not
+    clear) and resets nothing again; only an exchange stored in the transcript is announced as a
+    `chat` `final` of the command's key."""
+    runs.admit_send(request_for("r1"), owner_process="")
+    reset = sessions.InlineCommand("k-new", "/new", "reset")
+    first = sessions.answer_command(owner_id=owner.pk, key=KEY, agent_id="main", command=reset, answer=_answer)
+    generation = first.session.session_id
+    assert not first.replayed and first.receipt.run_ids == ["r1"] and first.receipt.session_generation == generation
+    runs.admit_send(request_for("r2"), owner_process="")
+    sent = len(broadcasts)
+    again = sessions.answer_command(owner_id=owner.pk, key=KEY, agent_id="main", command=reset, answer=_answer)
+    assert again.replayed and again.receipt.pk == first.receipt.pk and again.receipt.reply == first.receipt.reply
+    assert (
+        ChatSession.objects.get().session_id == generation
+        and Run.objects.get(run_id="r2").state == RunState.DISPATCHING
+    )
+    assert broadcasts[sent:] == []  # nothing done, nothing announced
+    for clash in (sessions.InlineCommand("k-new", "/stop", "stop"), sessions.InlineCommand("r2", "/new", "reset")):
+        with pytest.raises(LifecycleError) as exc:
+            sessions.answer_command(owner_id=owner.pk, key=KEY, agent_id="main", command=clash, answer=_answer)
+        assert exc.value.code == "CONFLICT" and exc.value.details["reason"] == "idempotency-conflict"
+    assert Run.objects.get(run_id="r2").state == RunState.DISPATCHING
+    assert not [m for m in broadcasts if m["type"] == "gateway.chat" and m["runId"] == "k-new"]
+    status = sessions.InlineCommand("k-status", "/status")
+    stored = sessions.answer_command(owner_id=owner.pk, key=KEY, agent_id="main", command=status, answer=_answer)
+    [final] = [m for m in broadcasts if m["type"] == "gateway.chat" and m["runId"] == "k-status"]
+    assert final["run"] == -stored.receipt.pk and final["state"] == "final" and final["seq"] == 1
+    assert final["payload"]["message"]["content"][0]["text"] == stored.receipt.reply
+    assert final["payload"]["message"]["command"] is True

@@ -75,3 +75,60 @@ def test_0005_copies_each_sessions_last_run_tokens(executor: MigrationExecutor) 
     again = migrate(executor, SETTINGS).get_model("sessions_app", "ChatSession")
     assert again.objects.get(key=ran.key).input_tokens == 30
     assert uuid.UUID(str(again.objects.get(key=ran.key).session_id)) == ran.session_id
+
+
+RECEIPTS = [("sessions_app", "0006_command_receipts")]
+
+
+def test_0006_gives_each_stored_command_its_receipt(executor: MigrationExecutor) -> None:
+    """A command answered before receipts existed (its exchange in the transcript) still replays."""
+    old = migrate(executor, SETTINGS)
+    user = old.get_model("auth", "User").objects.create(username="old", password="x")
+    ChatSession, Message = old.get_model("sessions_app", "ChatSession"), old.get_model("sessions_app", "Message")
+    session = ChatSession.objects.create(owner=user, key="agent:main:main")
+    gen = session.session_id
+    for role, text, key in (
+        ("user", "hello", ""),
+        ("assistant", "echo: hello", ""),
+        ("user", "/think high", "c1"),
+        ("assistant", "Thinking level set to high.", "c1"),
+        ("user", "/status", "c2"),
+        ("assistant", "Session agent:main:main", "c2"),
+    ):
+        Message.objects.create(session=session, session_generation=gen, role=role, text=text, command_key=key)
+
+    new = migrate(executor, RECEIPTS)
+    receipts = new.get_model("sessions_app", "CommandReceipt").objects.order_by("key")
+    assert [(r.session_id, r.key, r.text, r.reply, r.run_ids, r.session_generation) for r in receipts] == [
+        (session.pk, "c1", "/think high", "Thinking level set to high.", [], gen),
+        (session.pk, "c2", "/status", "Session agent:main:main", [], gen),
+    ]
+    # backward: the receipts go; forward again: made again
+    migrate(executor, SETTINGS)
+    assert migrate(executor, RECEIPTS).get_model("sessions_app", "CommandReceipt").objects.count() == 2
+
+
+STAFF_KEYS = [("sessions_app", "0008_staff_keys_keep_admin")]
+
+
+def test_0007_and_0008_keep_what_every_key_could_do(executor: MigrationExecutor) -> None:
+    """Keys made before scopes get the default ones; a staff user's key keeps `admin`, which its
+    clients were granted when they asked (PROTOCOL.md §2.4)."""
+    old = migrate(executor, RECEIPTS)
+    User, Token = old.get_model("auth", "User"), old.get_model("sessions_app", "ApiToken")
+    plain = User.objects.create(username="plain", password="x")
+    staff = User.objects.create(username="staff", password="x", is_staff=True)
+    for user, digest in ((plain, "a"), (staff, "b"), (staff, "c")):
+        Token.objects.create(user=user, prefix="agt_" + digest, token_hash=digest * 64)
+
+    new = migrate(executor, STAFF_KEYS).get_model("sessions_app", "ApiToken")
+    scopes = {t.token_hash[0]: t.scopes for t in new.objects.all()}
+    assert scopes == {
+        "a": ["read", "write", "approvals"],
+        "b": ["read", "write", "approvals", "admin"],
+        "c": ["read", "write", "approvals", "admin"],
+    }
+    # backward to before the column, forward again: the same
+    migrate(executor, RECEIPTS)
+    again = migrate(executor, STAFF_KEYS).get_model("sessions_app", "ApiToken")
+    assert sorted(t.scopes[-1] for t in again.objects.all()) == ["admin", "admin", "approvals"]

@@ -24,7 +24,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from chat.runtime import health
+from chat.base import health
 from chat.runtime.gateway import GatewayRuntime
 from chat.web import ops, state_gauges
 from gatewayproject import logs

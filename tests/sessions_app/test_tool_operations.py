@@ -1,7 +1,7 @@
 """Tools for operators (TOOLS.md §13): the admin's tool calls and filters, gateway_doctor's tool-call
 findings, and the tool gauges of /metrics.
 
-Calls are made through the lifecycle services (`sessions_app.lifecycle.tools`), as the runtime makes
+Calls are made through the lifecycle services (`sessions_app.lifecycle.toolcalls`), as the runtime makes
 them; the broken states the doctor must find are planted with plain UPDATEs, as in test_commands.
 """
 
@@ -27,7 +27,7 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from sessions_app import operator_reads
-from sessions_app.lifecycle import tools
+from sessions_app.lifecycle import toolcalls
 from sessions_app.models import (
     ChatSession,
     LifecycleEvent,
@@ -52,26 +52,27 @@ TOOLCALLS = "admin:sessions_app_toolcall_changelist"
 
 def calls_in(run: Run, *specs: tuple[str, str, str]) -> list[ToolCall]:
     """Record one step of calls (server, tool, arguments JSON) of an active run: all `pending`."""
-    rows = tools.record_calls(
+    rows = toolcalls.record_calls(
         run.pk,
         step=1,
-        calls=[tools.NewCall(f"call_{i}", server, tool, args) for i, (server, tool, args) in enumerate(specs)],
+        calls=[toolcalls.NewCall(f"call_{i}", server, tool, args) for i, (server, tool, args) in enumerate(specs)],
         reply_offset=0,
+        recorded_before=Run.objects.get(pk=run.pk).tool_calls,
     )
     assert rows is not None
     return rows
 
 
 def ask(call: ToolCall, *, expires_in: timedelta = timedelta(minutes=2)) -> ToolApproval:
-    approval = tools.request_approval(call.pk, expires_at=timezone.now() + expires_in)
+    approval = toolcalls.request_approval(call.pk, expires_at=timezone.now() + expires_in)
     assert approval is not None
     return approval
 
 
 def run_call(call: ToolCall, state: str = ToolCallState.SUCCEEDED, result: str = "ok", kind: str = "") -> None:
-    assert tools.begin_call(call.pk)
+    assert toolcalls.begin_call(call.pk)
     is_error = state != ToolCallState.SUCCEEDED
-    assert tools.finish_call(call.pk, state, result=result, is_error=is_error, error_kind=kind)
+    assert toolcalls.finish_call(call.pk, state, result=result, is_error=is_error, error_kind=kind)
 
 
 def state_of(call: ToolCall) -> str:
@@ -115,7 +116,7 @@ def test_doctor_finds_and_closes_calls_that_outlived_their_run(end: str, running
     ran, waited, later = calls_in(
         run, ("demo", "add_note", '{"text": "a"}'), ("demo", "add_note", '{"text": "b"}'), ("demo", "clock", "{}")
     )
-    assert tools.begin_call(ran.pk)
+    assert toolcalls.begin_call(ran.pk)
     ask(waited)
     ending = {"stop_reason": "operator"} if end == RunState.KILLED else {"error_kind": "backend", "error_message": "x"}
     opsdata.finish(run, end, **ending)
@@ -155,7 +156,7 @@ def test_doctor_reports_a_call_running_under_a_dead_process_and_recovery_ends_it
     opsdata.register_dead_process("crashed-1")
     run = opsdata.own(opsdata.send(owner, "busy", "t1"), "crashed-1")
     (call,) = calls_in(run, ("demo", "add_note", '{"text": "x"}'))
-    assert tools.begin_call(call.pk)
+    assert toolcalls.begin_call(call.pk)
 
     findings = doctor.check()
     assert [f.kind for f in findings] == ["dead_process_run", "tool_call_dead_process"]
@@ -202,7 +203,7 @@ def test_doctor_is_quiet_about_healthy_tool_calls() -> None:
     running, waiting, queued = calls_in(
         run, ("demo", "clock", "{}"), ("demo", "add_note", "{}"), ("demo", "clock", "{}")
     )
-    assert tools.begin_call(running.pk)
+    assert toolcalls.begin_call(running.pk)
     ask(waiting)
     done = opsdata.send(owner, "done", "t2")
     (call,) = calls_in(done, ("demo", "clock", "{}"))
@@ -229,9 +230,9 @@ def tooled(db: None) -> dict[str, Any]:
     )
     run_call(ok, result="6*7 = 42 " + "x" * 500)
     approval = ask(approved)
-    tools.resolve_approval(approval.approval_id, decision="allow-once", user_id=owner.pk, user_name="owner")
+    toolcalls.resolve_approval(approval.approval_id, decision="allow-once", user_id=owner.pk, user_name="owner")
     run_call(approved, result="Saved note: milk")
-    tools.resolve_approval(ask(denied).approval_id, decision="deny", user_id=owner.pk, user_name="owner")
+    toolcalls.resolve_approval(ask(denied).approval_id, decision="deny", user_id=owner.pk, user_name="owner")
     run_call(hostile, ToolCallState.FAILED, result="<b>unknown timezone</b>", kind="tool_error")
     opsdata.finish(run)
 
@@ -326,13 +327,54 @@ def test_an_unknown_call_says_what_to_do(admin_client: Client) -> None:
     opsdata.register_dead_process("crashed-1")
     run = opsdata.own(opsdata.send(opsdata.user(), "busy", "t1"), "crashed-1")
     (call,) = calls_in(run, ("demo", "add_note", "{}"))
-    assert tools.begin_call(call.pk)
+    assert toolcalls.begin_call(call.pk)
     call_command("recover_runs", stdout=io.StringIO(), stderr=io.StringIO())
     assert state_of(call) == ToolCallState.UNKNOWN
     html = admin_client.get(reverse("admin:sessions_app_toolcall_change", args=[call.pk])).content.decode()
     assert "side effects by hand" in html and "never runs it again" in html
     res = admin_client.get(reverse(TOOLCALLS), {"error_kind": "unknown"})
     assert [c.call_id for c in res.context["cl"].result_list] == [call.call_id]
+
+
+def test_a_call_handed_to_the_api_client_is_recorded_ended_and_shown(admin_client: Client) -> None:
+    run = opsdata.send(opsdata.user(), "api", "h1")
+    before = Run.objects.get(pk=run.pk).tool_calls
+    (mcp,) = calls_in(run, ("demo", "clock", "{}"))
+    new = [toolcalls.NewCall("call_w", "", "get_weather", '{"city": "Oslo"}')]
+    handed = toolcalls.hand_to_client(run.pk, step=1, calls=new, reply_offset=5, recorded_before=before + 1)
+    assert handed is not None
+    (call,) = handed
+    stored = ToolCall.objects.get(pk=call.pk)
+    assert (stored.state, stored.name, stored.model_call_id, stored.result, stored.reply_offset, stored.seq) == (
+        ToolCallState.CLIENT,
+        "get_weather",
+        "call_w",
+        "",
+        5,
+        2,
+    )
+    assert stored.ended_at is not None and stored.started_at is None  # never run here
+    audit = (
+        LifecycleEvent.objects.filter(tool_call=stored).order_by("id").values_list("from_state", "to_state", "reason")
+    )
+    assert list(audit) == [("", "pending", "tool.recorded"), ("pending", "client", "tool.client")]
+    # a retry whose answer was lost gets the same rows back; an ended run takes none
+    assert [
+        c.pk
+        for c in toolcalls.hand_to_client(run.pk, step=1, calls=new, reply_offset=5, recorded_before=before + 1) or []
+    ] == [call.pk]
+    run_call(mcp)
+    opsdata.finish(run)
+    assert toolcalls.hand_to_client(run.pk, step=2, calls=new, reply_offset=5, recorded_before=before + 2) is None
+    assert ToolCall.objects.filter(run=run).count() == 2
+
+    res = admin_client.get(reverse(TOOLCALLS), {"state": "client"})
+    assert [c.call_id for c in res.context["cl"].result_list] == [call.call_id]
+    assert "Handed to the API client" in res.content.decode()  # the filter's choice
+    page = admin_client.get(reverse("admin:sessions_app_toolcall_change", args=[call.pk])).content.decode()
+    assert "handed to that client" in page and "<td>tool.client</td>" in page
+    run_page = admin_client.get(reverse("admin:sessions_app_run_change", args=[run.pk])).content.decode()
+    assert "<td>client</td>" in run_page
 
 
 # --- scale: a fixed number of queries whatever the number of calls ------------------------------------------
@@ -434,11 +476,11 @@ def test_tool_gauges_count_open_calls_by_state_and_pending_approvals() -> None:
     running, waiting, _pending, done = calls_in(
         run, ("demo", "clock", "{}"), ("demo", "add_note", "{}"), ("demo", "clock", "{}"), ("demo", "clock", "{}")
     )
-    assert tools.begin_call(running.pk)
+    assert toolcalls.begin_call(running.pk)
     ask(waiting)
     other = opsdata.send(owner, "other", "t2")
     (decided,) = calls_in(other, ("demo", "add_note", "{}"))
-    tools.resolve_approval(ask(decided).approval_id, decision="deny", user_id=owner.pk, user_name="owner")
+    toolcalls.resolve_approval(ask(decided).approval_id, decision="deny", user_id=owner.pk, user_name="owner")
     run_call(done)  # ended: not open
 
     with CaptureQueriesContext(connection) as captured:

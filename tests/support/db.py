@@ -102,13 +102,12 @@ def drop_broadcasts(monkeypatch: Any, lost: Any) -> None:
     """Make the channel layer lose every broadcast for which `lost(message)` is true."""
     from chat.delivery import broadcaster
 
-    real = broadcaster.agroup_send_all
+    real = broadcaster.send_batch
 
-    async def lossy(owner_id: int, message: dict[str, Any]) -> None:
-        if not lost(message):
-            await real(owner_id, message)
+    async def lossy(sends: list[tuple[str, dict[str, Any]]]) -> None:
+        await real([(group, message) for group, message in sends if not lost(message)])
 
-    monkeypatch.setattr(broadcaster, "agroup_send_all", lossy)
+    monkeypatch.setattr(broadcaster, "send_batch", lossy)
 
 
 def is_row_message(message: dict[str, Any]) -> bool:
@@ -125,3 +124,24 @@ def open_tool_calls() -> int:
     from sessions_app.models import TOOL_OPEN_STATES, ToolCall
 
     return ToolCall.objects.filter(state__in=TOOL_OPEN_STATES).count()
+
+
+@database_sync_to_async
+def plant_run(
+    owner_id: int, run_id: str, state: str = "running", *, key: str = "agent:main:main", **fields: Any
+) -> Run:
+    """A run written straight to the database, as another process would have left it: no event,
+    no executor (its `owner_process` is no process that runs here or that a sweep ends)."""
+    session, _ = ChatSession.objects.get_or_create(owner_id=owner_id, key=key, defaults={"agent_id": "main"})
+    return Run.objects.create(
+        session=session,
+        run_id=run_id,
+        session_generation=session.session_id,
+        message="m",
+        body_hash="h",
+        timeout_ms=60_000,
+        state=state,
+        owner_process=fields.pop("owner_process", "elsewhere"),
+        queue_seq=Run.objects.filter(session=session).count() + 1,
+        **fields,
+    )

@@ -9,6 +9,10 @@ the gateway sent and that cancelling a run really closed the connection.
 A reply may also call tools (`tool_reply`): each `ToolCallReply` is streamed the way
 OpenAI streams it, `delta.tool_calls` fragments by `index`: id, type and name in the
 first, the arguments split over several more, then `finish_reason: "tool_calls"`.
+
+`Reply(echo=True)` answers with what it received instead (`received`: the messages, the
+offered tool names, `tool_choice` and every other field of the request, as one JSON text),
+so a test that sees only the reply can check what reached the model.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ class Reply:
     keep_alive: bool = True  # else `connection: close` and close after the response
     tool_calls: list[ToolCallReply] = field(default_factory=list)  # streamed after the content chunks
     drop_before_finish: bool = False  # close the socket after chunks and tool calls, before finish_reason
+    echo: bool = False  # the content is `received(request)` as JSON, in place of `chunks`
 
 
 @dataclass
@@ -80,6 +85,21 @@ class Request:
     def tool_names(self) -> list[str]:
         """The function names the request offered the model (`tools`)."""
         return [t["function"]["name"] for t in self.body.get("tools", [])]
+
+    @property
+    def tool_choice(self) -> Any:
+        return self.body.get("tool_choice")
+
+    def received(self) -> dict[str, Any]:
+        """What the request asked of the model: its messages, tool names, tool_choice, and its other fields
+        (model, sampling parameters, ...) under `params`."""
+        shown = ("messages", "tools", "tool_choice", "stream", "stream_options")
+        return {
+            "messages": self.messages,
+            "tools": self.tool_names,
+            "tool_choice": self.tool_choice,
+            "params": {k: v for k, v in self.body.items() if k not in shown},
+        }
 
 
 class FakeOpenAI:
@@ -242,7 +262,8 @@ class FakeOpenAI:
         for thought in reply.reasoning:
             await event(chunk({"reasoning_content": thought}))
             await asyncio.sleep(reply.tick)
-        for i, piece in enumerate(reply.chunks):
+        chunks = [json.dumps(request.received())] if reply.echo else reply.chunks
+        for i, piece in enumerate(chunks):
             if i and reply.tick:
                 await asyncio.sleep(reply.tick)
             if reply.stall_after is not None and i >= reply.stall_after:
@@ -251,9 +272,9 @@ class FakeOpenAI:
                 writer.transport.abort()  # mid-body: no terminating chunk
                 return
             await event(chunk({"content": piece}))
-        if reply.stall_after is not None and reply.stall_after >= len(reply.chunks):
+        if reply.stall_after is not None and reply.stall_after >= len(chunks):
             await asyncio.Event().wait()
-        if reply.drop_after is not None and reply.drop_after >= len(reply.chunks):
+        if reply.drop_after is not None and reply.drop_after >= len(chunks):
             writer.transport.abort()
             return
         for index, call in enumerate(reply.tool_calls):
@@ -312,7 +333,7 @@ def tool_reply(*calls: ToolCallReply, chunks: list[str] | None = None, **options
 @contextlib.asynccontextmanager
 async def running_fake() -> AsyncIterator[FakeOpenAI]:
     """A started fake server, stopped on exit."""
-    from chat.runtime.backends.openai_backend import close_clients
+    from chat.runtime.backends.openai.clients import close_clients
 
     server = FakeOpenAI()
     await server.start()

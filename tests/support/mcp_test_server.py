@@ -1,7 +1,8 @@
 """An MCP server for the gateway's tests: stdio by default, ``--http PORT`` for streamable HTTP on 127.0.0.1.
 
 ``MCP_COUNT_FILE`` (env) names a file the server appends to, so a test can see what ran: one line
-``call <arg>`` per ``count``, and ``cancelled`` whenever ``slow`` was cancelled.
+``call <arg>`` per ``count``, and ``cancelled`` whenever ``slow`` was cancelled. ``MCP_EXTRA_TOOLS``
+(env, comma-separated) names more tools that echo, listed from the start (odd names such as ``_echo``).
 """
 
 from __future__ import annotations
@@ -115,6 +116,8 @@ async def grow(name: str, ctx: Context) -> str:
 
 
 def main() -> None:
+    for name in filter(None, os.environ.get("MCP_EXTRA_TOOLS", "").split(",")):
+        server.add_tool(echo, name=name, description="Echoes (MCP_EXTRA_TOOLS).", annotations=READ_ONLY)
     serve(server, __doc__.splitlines()[0] if __doc__ else None)
 
 

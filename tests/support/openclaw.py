@@ -27,12 +27,15 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+
+import pytest
 
 from tests.support.servers import ServerHandle, ws_client
 
@@ -99,6 +102,36 @@ def npm_install(
         raise InstallError(f"npm install {spec} took longer than {timeout}s") from exc
     if proc.returncode != 0:
         raise InstallError(f"npm install {spec} failed ({proc.returncode}): {proc.stderr[-800:]}")
+
+
+def pinned_node_modules(request: Any, package: str, version: str) -> Path:
+    """`package@version`'s node_modules, installed into the pytest cache when missing (a test that needs
+    it skips with the reason when node, npm or the registry are not there)."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        pytest.skip(f"node and npm are needed to run {package}")
+    cache = getattr(request.config, "cache", None)  # absent under `-p no:cacheprovider`
+    if cache is not None:
+        prefix = Path(cache.mkdir(f"{package}-{version}"))
+    else:
+        prefix = Path(tempfile.gettempdir()) / f"agentgate-{package}-{version}"
+        prefix.mkdir(exist_ok=True)
+    manifest = prefix / "node_modules" / package / "package.json"
+    if _manifest_version(manifest) != version:
+        try:
+            npm_install(npm, prefix, f"{package}@{version}", dict(os.environ), timeout=180)
+        except InstallError as exc:
+            pytest.skip(f"could not install {package}@{version} from the npm registry: {exc}")
+        if _manifest_version(manifest) != version:
+            pytest.skip(f"could not install {package}@{version} from the npm registry: not there after install")
+    return prefix / "node_modules"
+
+
+def _manifest_version(manifest: Path) -> str | None:
+    try:
+        return str(json.loads(manifest.read_text())["version"])
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def install(prefix: Path) -> OpenClaw:

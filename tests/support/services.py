@@ -26,6 +26,8 @@ from urllib.parse import urlparse
 
 import pytest
 
+from chat.runtime.tools import leash
+
 POSTGRES_URL = os.environ.get("AGENTGATE_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("AGENTGATE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 REQUIRED = os.environ.get("AGENTGATE_REQUIRE_SERVICES") == "1"
@@ -71,6 +73,42 @@ def require_redis() -> None:
         if REQUIRED:
             pytest.fail(reason + "; AGENTGATE_REQUIRE_SERVICES=1")
         pytest.skip(reason)
+
+
+def require_postgres() -> None:
+    """Skip (or, in CI, fail) unless PostgreSQL answers."""
+    if not postgres_available():
+        reason = f"needs PostgreSQL at {POSTGRES_URL} (not reachable)"
+        if REQUIRED:
+            pytest.fail(reason + "; AGENTGATE_REQUIRE_SERVICES=1")
+        pytest.skip(reason)
+
+
+def rerun_on_postgres(test_file: str, name: str, passed: int, **extra_env: str) -> None:
+    """Run `test_file` again in a child pytest whose database is PostgreSQL (a database of its own,
+    `name` in its name), all but its tests marked `postgres`, and check that `passed` tests pass.
+    Inside that child run this skips: the child is the check."""
+    if os.environ.get("AGENTGATE_CHILD_SUITE"):
+        pytest.skip("already inside the service-backed child run")
+    require_postgres()
+    base = urlparse(POSTGRES_URL)
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env.update(
+        {
+            # pytest-django creates (and drops) test_<name> next to this database name
+            "DATABASE_URL": base._replace(path=f"/agentgate_{name}_{uuid.uuid4().hex[:8]}").geturl(),
+            "AGENTGATE_CHILD_SUITE": "1",
+            "AGENTGATE_EXPECT_VENDOR": "postgresql",
+            **extra_env,
+        }
+    )
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", test_file]
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [*command, "-k", "not postgres"], cwd=root, env=env, capture_output=True, text=True, timeout=280
+    )
+    tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
+    assert proc.returncode == 0 and f"{passed} passed" in proc.stdout, tail
 
 
 def require_services() -> None:
@@ -120,7 +158,6 @@ def require_programs(found: dict[str, object]) -> None:
         pytest.skip(reason)
 
 
-LEASH = Path(__file__).resolve().parents[2] / "chat" / "runtime" / "tools" / "leash.py"
 # Private servers listen on ports below the kernel's ephemeral range, so that no outgoing
 # connection and no free port the kernel hands another test is handed a port a server let go of while
 # it restarts; a lock file per port keeps the suite's parallel workers off each other's.
@@ -130,11 +167,11 @@ _PRIVATE_PORTS = range(20000, 32000)
 def leashed(command: list[str], python: str = sys.executable) -> list[str]:
     """`command` under the project's launcher (chat/runtime/tools/leash.py): the kernel kills it
     when the thread that started it ends, so a private server never outlives its test run."""
-    return [python, "-I", str(LEASH), "--", *command]
+    return leash.command_line(command, python)
 
 
 def leash_env() -> dict[str, str]:
-    return {**os.environ, "AGENTGATE_LEASH_PARENT": str(os.getpid())}
+    return {**os.environ, leash.PARENT_ENV: str(os.getpid())}
 
 
 class _PortLease:
@@ -242,7 +279,9 @@ class PostgresProcess:
     test, `leashed`), and listens only on a Unix socket in its own folder: a restart cannot race
     another test for a TCP port. The folder is `directory`; as root, PostgreSQL runs as the
     `postgres` user, which cannot reach pytest's private tmp_path, so the folder is a temporary
-    one that user owns (removed by `destroy`).
+    one that user owns (removed by `destroy`). Nothing that user runs is read from the checkout,
+    which it may not be able to read either (a private folder, a home directory): the system
+    python3 runs the launcher from its source (`leash.command_line`), in that folder.
     """
 
     PORT = 5432  # only names the socket file in the private folder
@@ -277,7 +316,12 @@ class PostgresProcess:
 
     def _run(self, *args: str, timeout: float = 60) -> None:
         proc = subprocess.run(
-            [str(self.bindir / args[0]), *args[1:]], capture_output=True, text=True, timeout=timeout, **self.as_user
+            [str(self.bindir / args[0]), *args[1:]],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=self.base,
+            **self.as_user,
         )
         if proc.returncode != 0:
             raise RuntimeError(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
@@ -305,6 +349,7 @@ class PostgresProcess:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                cwd=self.base,
                 **self.as_user,
             )
 

@@ -1,4 +1,4 @@
-"""Driving the SQLite writer (`chat.runtime.db.Writer`) from tests."""
+"""Driving the SQLite writer (`chat.base.db.Writer`) from tests."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from django.db import connection
 
-from chat.runtime.db import Writer
+from chat.base.db import Writer
 
 WAIT = 10.0  # seconds; a caller left unanswered fails the test instead of hanging it
 

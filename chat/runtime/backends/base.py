@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from chat.base import agents
+from chat.protocol import sizes
 from chat.runtime.tools.host import ToolHost
-from chat.websocket import outbound
+from sessions_app.run_requests import RunRequest
 
 
 class DispatchError(Exception):
@@ -40,7 +42,7 @@ class RunContext:
     session_key: str
     session_id: str
     agent_id: str
-    agent: dict[str, Any]
+    agent: Mapping[str, Any]  # the agent's settings as configured (`chat.base.agents.Agent.config`)
     message: str
     attachments: list[dict[str, Any]] = field(default_factory=list)
     transcript: list[dict[str, Any]] = field(default_factory=list)  # [{role, text, aborted}] oldest first
@@ -55,6 +57,26 @@ class RunContext:
     usage: dict[str, int] | None = None
     cancel_ms: int | None = None  # how long releasing its work took, when it timed out
     tools: ToolHost | None = None  # the run's tools (TOOLS.md §13); None when the agent's settings are bad
+    # what an HTTP request adds (HTTP-API.md §14.3-14.5; empty for a chat.send), and the calls handed to
+    # the API client that the request's `tool_results` answer, oldest first ({id, model_id, name,
+    # arguments}: the gateway's toolCallId, the model's id, the function name)
+    request: RunRequest = field(default_factory=RunRequest)
+    answered_calls: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def stateless(self) -> bool:
+        """The request's own messages are the context, not the session's transcript (§14.3)."""
+        return self.request.own_context
+
+
+def attachment_kind(item: Mapping[str, Any]) -> str:
+    """An attachment's kind for a backend's `refusal`: `text` (its text is kept with the run) or `image`."""
+    return "text" if item.get("text") is not None else "image"
+
+
+def inlined_file(name: str | None, text: str) -> str:
+    """A text attachment as a model reads it, after the message's text: its name, then its text."""
+    return f"[{name or 'attachment'}]\n{text}"
 
 
 class AgentBackend(ABC):
@@ -62,14 +84,26 @@ class AgentBackend(ABC):
 
     # how many of the newest transcript messages `start` reads (this run's user message included)
     context_messages: int = 0
+    # the kinds of attachment (`attachment_kind`), and of an HTTP request's image and file parts, it can
+    # give its model
+    attachment_kinds: frozenset[str] = frozenset({"text", "image"})
 
-    def __init__(self, agent_id: str, config: dict[str, Any]) -> None:
+    def __init__(self, agent_id: str, config: Mapping[str, Any], *, agent: agents.Agent | None = None) -> None:
         self.agent_id = agent_id
         self.config = config
+        # the catalog's typed agent (built here for a backend made from a bare config, as tests do)
+        self.agent = agent if agent is not None else agents.build(agent_id, config)
 
     def check_setup(self, message: str, attachments: list[dict[str, Any]]) -> str | None:
         """Return an error text when this send cannot be accepted at all (§4 'fail before the ack')."""
         return None
+
+    def refusal(self, kind: str) -> str | None:
+        """Why the backend cannot take an attachment of this kind (`text`, `image`); None when it can."""
+        if kind in self.attachment_kinds:
+            return None
+        taken = " and ".join(sorted(self.attachment_kinds)) or "no"
+        return f"agent {self.agent_id!r} accepts only {taken} attachments"
 
     def uses_tools(self, message: str) -> bool:
         """Whether this run will reach the agent's MCP servers (they are checked before the ack)."""
@@ -105,14 +139,14 @@ class CappedStream:
         if self.done:
             raise StopAsyncIteration
         chunk = await self.stream.__anext__()
-        size = outbound.encoded_len(chunk)
+        size = sizes.encoded_len(chunk)
         if size <= self.left:
             self.left -= size
             return chunk
         self.done = True
         self.ctx.stop_reason = "length"
         await self.aclose()
-        part = outbound.fit_text(chunk, self.left)
+        part = sizes.fit_text(chunk, self.left)
         self.left = 0
         if not part:
             raise StopAsyncIteration
@@ -126,4 +160,4 @@ class CappedStream:
 
 def capped(stream: AsyncIterator[str], ctx: RunContext) -> CappedStream:
     """The stream within the reply budget (`GATEWAY_MAX_REPLY_BYTES`)."""
-    return CappedStream(stream, ctx, outbound.max_reply_bytes())
+    return CappedStream(stream, ctx, sizes.max_reply_bytes())

@@ -1,10 +1,17 @@
-"""A run's tools (TOOLS.md §13): the agent's configuration, and each call from the model to its end.
+"""A run's tools (TOOLS.md §13): the check before a send's ack, and each call from the model to its end.
 
 The backend hands a step's calls to `ToolHost.run_calls`; every change of a call goes through
-the lifecycle (`sessions_app.lifecycle.tools`), committed before the next thing happens: the
+the lifecycle (`sessions_app.lifecycle.toolcalls`), committed before the next thing happens: the
 calls are recorded before any runs, a call is `running` before its request is written, and its
 result is committed as its one terminal state before the model sees it. Nothing here retries a
 call: a call that did not end by its own result is ended by its run's terminal transition.
+
+While the database is away each of those writes (and reads) waits, as the run's stream does
+(`RunDatabaseWait`, the executor's): tried again until the database is back or the run may wait
+no longer. A write whose answer was lost may have committed, so a `no` from a retry is checked
+by reading the call: a call is sent to its server only once its `running` is known committed,
+and a result that cannot be stored within the wait ends the run (`unavailable`), leaving the
+call to the run's end, which marks it `unknown`; it is never run again.
 """
 
 from __future__ import annotations
@@ -12,97 +19,33 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from django.utils import timezone
 
+from chat.base.db import db_read, db_write
 from chat.delivery.broadcaster import broadcaster, tool_message
-from chat.protocol import wire
-from chat.runtime.db import db_read, db_write
-from chat.runtime.tools.servers import ToolServerError, ToolSpec, pool, validate_servers
+from chat.protocol import run_events
+from chat.runtime.tools.config import ToolConfig, ToolSpec, allowed_collision, config_error, tool_config
+from chat.runtime.tools.pool import pool
+from chat.runtime.tools.results import ToolServerError, cap_result
 from sessions_app import gateway_reads
-from sessions_app.lifecycle import tools
-from sessions_app.models import ApprovalDecision, Run, ToolApproval, ToolCall, ToolCallState
+from sessions_app.lifecycle import toolcalls
+from sessions_app.models import ApprovalDecision, Run, ToolApproval, ToolCall, ToolCallState, ToolErrorKind
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MAX_ARGUMENT_BYTES = 64 * 1024
-LIMIT_DEFAULTS = {
-    "max_tool_calls": 16,
-    "max_steps": 8,
-    "tool_timeout_ms": 60_000,
-    "max_tool_result_bytes": 65_536,
-    "approval_timeout_ms": 120_000,
-}
-TOOL_KEYS = {"mcp_servers", "tools", "approval", *LIMIT_DEFAULTS}
-APPROVAL_MODES = ("never", "always", "unless_read_only")
 APPROVAL_POLL_SECONDS = 0.5  # a decision taken on another process is seen within this
 
 
-@dataclass(frozen=True)
-class ToolConfig:
-    """One agent's tool settings, validated."""
-
-    servers: dict[str, dict[str, Any]]
-    allow: tuple[str, ...] | None  # `NAME.tool` / `NAME.*`; None: every tool of its servers
-    approval: dict[str, str]
-    max_tool_calls: int = 16
-    max_steps: int = 8
-    tool_timeout_ms: int = 60_000
-    max_tool_result_bytes: int = 65_536
-    approval_timeout_ms: int = 120_000
-
-    def allows(self, spec: ToolSpec) -> bool:
-        if self.allow is None:
-            return True
-        return spec.qualified in self.allow or f"{spec.server}.*" in self.allow
-
-    def needs_approval(self, spec: ToolSpec) -> bool:
-        """The most specific rule wins: `NAME.tool`, then `NAME.*`, then `*`; default unless_read_only."""
-        mode = next(
-            (self.approval[k] for k in (spec.qualified, f"{spec.server}.*", "*") if k in self.approval),
-            "unless_read_only",
-        )
-        return mode == "always" or (mode == "unless_read_only" and not spec.read_only)
-
-
-def config_error(agent: dict[str, Any]) -> str | None:
-    """What is wrong with an agent's tool settings (TOOLS.md §13.1), or None."""
-    servers = agent.get("mcp_servers", {})
-    problem = validate_servers(servers) if servers else None
-    if problem:
-        return problem
-    allow = agent.get("tools")
-    if allow is not None and (not isinstance(allow, list) or not all(isinstance(t, str) and "." in t for t in allow)):
-        return "tools must be a list of 'NAME.tool' or 'NAME.*'"
-    approval = agent.get("approval", {})
-    if not isinstance(approval, dict) or not all(
-        isinstance(k, str) and v in APPROVAL_MODES for k, v in approval.items()
-    ):
-        return "approval must map 'NAME.tool', 'NAME.*' or '*' to one of " + ", ".join(APPROVAL_MODES)
-    for key, default in LIMIT_DEFAULTS.items():
-        value = agent.get(key, default)
-        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 100_000_000:
-            return f"{key} must be a positive integer"
-    return None
-
-
-def tool_config(agent: dict[str, Any]) -> ToolConfig:
-    """The agent's tool settings (validated by `config_error` first)."""
-    allow = agent.get("tools")
-    return ToolConfig(
-        servers=dict(agent.get("mcp_servers") or {}),
-        allow=tuple(allow) if allow is not None else None,
-        approval=dict(agent.get("approval") or {}),
-        **{key: int(agent.get(key, default)) for key, default in LIMIT_DEFAULTS.items()},
-    )
-
-
-async def setup_error(agent_id: str, agent: dict[str, Any]) -> str | None:
-    """Before the ack: bad settings, or a server that cannot start (its tool list is cached after)."""
+async def setup_error(agent_id: str, agent: Mapping[str, Any]) -> str | None:
+    """Before the ack: bad settings, a server that cannot start (its tool list is cached after), or
+    two of the listed tools the model would know by one function name."""
     problem = config_error(agent)
     if problem:
         return f"agent {agent_id!r}: {problem}"
@@ -110,22 +53,11 @@ async def setup_error(agent_id: str, agent: dict[str, Any]) -> str | None:
     if not servers:
         return None
     try:
-        await pool().list_tools(agent_id, servers)
+        listed = await pool().list_tools(agent_id, servers)
     except ToolServerError as exc:
         return f"agent {agent_id!r}: {exc.message}"
-    return None
-
-
-def cap_result(text: str, max_bytes: int) -> str:
-    """The result within `max_bytes` of UTF-8: its head and tail, with a marker saying how much was cut."""
-    data = text.encode()
-    if len(data) <= max_bytes:
-        return text
-    keep = max(0, max_bytes - 100)
-    head = data[: keep // 2].decode(errors="ignore")
-    tail = data[len(data) - keep // 2 :].decode(errors="ignore")
-    cut = len(data) - len(head.encode()) - len(tail.encode())
-    return f"{head}\n[… {cut} bytes cut …]\n{tail}"
+    problem = allowed_collision(tool_config(agent), listed)
+    return f"agent {agent_id!r}: {problem}" if problem else None
 
 
 @dataclass
@@ -151,9 +83,17 @@ class ToolResult:
     is_error: bool
 
 
+class RunDatabaseWait(Protocol):
+    """How a run's database calls wait out an outage (`chat.runtime.executor.DatabaseWait`)."""
+
+    async def patiently(
+        self, call: Callable[..., Awaitable[Any]], fn: Callable[..., T], *args: Any, **kwargs: Any
+    ) -> T: ...
+
+
 @dataclass
 class _Checked:
-    new: tools.NewCall
+    new: toolcalls.NewCall
     spec: ToolSpec | None = None
     args: dict[str, Any] = field(default_factory=dict)
 
@@ -162,16 +102,24 @@ class ToolHost:
     """The tools of one run: what the model may call, and each call carried to its end."""
 
     def __init__(
-        self, run: Run, agent_id: str, config: ToolConfig, wait: Callable[[int, float], Awaitable[None]]
+        self,
+        run: Run,
+        agent_id: str,
+        config: ToolConfig,
+        wait: Callable[[int, float], Awaitable[None]],
+        db_wait: RunDatabaseWait,
     ) -> None:
         self.run = run
         self.wait = wait  # until the run's rows change here, or the time passes (`RunExecutor.wait_change`)
+        self.db = db_wait  # the run's own: the stream's waits and these add up to one limit
         self.agent_id = agent_id
         self.config = config
         self.specs: list[ToolSpec] = []
         self.loaded = False
         self.calls_made = run.tool_calls
         self.limit_reached = False
+        # what must be written before a step's calls are (the run's `running`: `RunExecutor._started`)
+        self.before_writes: Callable[[], Awaitable[Any]] | None = None
 
     @property
     def configured(self) -> bool:
@@ -181,6 +129,9 @@ class ToolHost:
         """The agent's allowed tools (started and listed once per process; raises ToolServerError)."""
         if not self.loaded:
             listed = await pool().list_tools(self.agent_id, self.config.servers) if self.configured else []
+            problem = allowed_collision(self.config, listed)
+            if problem:
+                raise ToolServerError(problem)  # a list changed since the ack: never guess which tool
             self.specs = [s for s in listed if self.config.allows(s)]
             self.loaded = True
         return self.specs
@@ -216,8 +167,16 @@ class ToolHost:
         except ToolServerError as exc:
             log.warning("tools of agent %s unavailable: %s", self.agent_id, exc.message)
         checked = [self._check(c, index) for index, c in enumerate(calls)]
-        recorded = await db_write(
-            tools.record_calls, self.run.pk, step=step, calls=[c.new for c in checked], reply_offset=reply_offset
+        if self.before_writes is not None:
+            await self.before_writes()
+        recorded = await self.db.patiently(
+            db_write,
+            toolcalls.record_calls,
+            self.run.pk,
+            step=step,
+            calls=[c.new for c in checked],
+            reply_offset=reply_offset,
+            recorded_before=self.calls_made,
         )
         if recorded is None:
             raise asyncio.CancelledError()  # the run ended elsewhere (an abort won)
@@ -229,7 +188,7 @@ class ToolHost:
             else:
                 assert item.spec is not None
                 await self._run_one(row, item.spec, item.args)
-            final = await db_read(gateway_reads.tool_call, row.pk)
+            final = await self.db.patiently(db_read, gateway_reads.tool_call, row.pk)
             results.append(
                 ToolResult(
                     call_id=final.call_id,
@@ -244,6 +203,26 @@ class ToolHost:
             )
         return results
 
+    async def hand_to_client(self, step: int, calls: list[ModelCall], reply_offset: int) -> list[ToolCall]:
+        """Record calls of the API client's function tools as handed to it (state `client`): never run
+        here, the client runs them (HTTP-API.md §14.4). Raises CancelledError when the run has ended."""
+        new = [toolcalls.NewCall(c.id, "", c.name[:128], c.arguments) for c in calls]
+        if self.before_writes is not None:
+            await self.before_writes()
+        recorded = await self.db.patiently(
+            db_write,
+            toolcalls.hand_to_client,
+            self.run.pk,
+            step=step,
+            calls=new,
+            reply_offset=reply_offset,
+            recorded_before=self.calls_made,
+        )
+        if recorded is None:
+            raise asyncio.CancelledError()  # the run ended elsewhere (an abort won)
+        self.calls_made += len(recorded)
+        return recorded
+
     def _check(self, asked: ModelCall, index: int) -> _Checked:
         """Validate one call before it is recorded: failures never reach a server."""
         spec = self.resolve(asked.name)
@@ -252,28 +231,31 @@ class ToolHost:
         failure, kind, args = None, "", {}
         if self.calls_made + index >= self.config.max_tool_calls:
             self.limit_reached = True
-            failure, kind = f"not run: the run reached its limit of {self.config.max_tool_calls} tool calls", "limit"
+            failure, kind = (
+                f"not run: the run reached its limit of {self.config.max_tool_calls} tool calls",
+                ToolErrorKind.LIMIT,
+            )
         elif spec is None:
-            failure, kind = f"unknown tool {asked.name!r} (not a tool this agent may call)", "unknown_tool"
+            failure, kind = f"unknown tool {asked.name!r} (not a tool this agent may call)", ToolErrorKind.UNKNOWN_TOOL
         elif len(arguments.encode()) > MAX_ARGUMENT_BYTES:
             arguments = cap_result(arguments, MAX_ARGUMENT_BYTES)
-            failure, kind = "arguments larger than 64 KiB", "bad_arguments"
+            failure, kind = "arguments larger than 64 KiB", ToolErrorKind.BAD_ARGUMENTS
         else:
             try:
                 parsed = json.loads(arguments) if arguments.strip() else {}
             except ValueError as exc:
-                parsed, failure, kind = None, f"arguments are not valid JSON: {exc}", "bad_arguments"
+                parsed, failure, kind = None, f"arguments are not valid JSON: {exc}", ToolErrorKind.BAD_ARGUMENTS
             if failure is None and not isinstance(parsed, dict):
-                failure, kind = "arguments must be a JSON object", "bad_arguments"
+                failure, kind = "arguments must be a JSON object", ToolErrorKind.BAD_ARGUMENTS
             elif isinstance(parsed, dict):
                 args = parsed
-        new = tools.NewCall(asked.id, server, tool, arguments, failure=failure, error_kind=kind)
+        new = toolcalls.NewCall(asked.id, server, tool, arguments, failure=failure, error_kind=kind)
         return _Checked(new, spec if failure is None else None, args)
 
     async def _run_one(self, row: ToolCall, spec: ToolSpec, args: dict[str, Any]) -> None:
         if self.config.needs_approval(spec):
             expires = timezone.now() + timedelta(milliseconds=self.config.approval_timeout_ms)
-            approval = await db_write(tools.request_approval, row.pk, expires_at=expires)
+            approval = await self.db.patiently(db_write, toolcalls.request_approval, row.pk, expires_at=expires)
             if approval is None:
                 raise asyncio.CancelledError()
             decision = await self._decision(approval)
@@ -281,7 +263,7 @@ class ToolHost:
                 raise asyncio.CancelledError()  # only its run's end cancels an approval: nothing more to do
             if decision != ApprovalDecision.ALLOW_ONCE:
                 return  # denied or expired: the call has ended with it, and the model is told
-        if not await db_write(tools.begin_call, row.pk):
+        if not await self._begin(row):
             raise asyncio.CancelledError()  # its run ended first: it never runs
         try:
             outcome = await pool().call(
@@ -295,27 +277,45 @@ class ToolHost:
             )
         except TimeoutError:
             text = f"the tool did not answer within {self.config.tool_timeout_ms} ms (tool_timeout_ms)"
-            await self._finish(row, ToolCallState.FAILED, text, True, "tool_timeout")
+            await self._finish(row, ToolCallState.FAILED, text, True, ToolErrorKind.TOOL_TIMEOUT)
         except ToolServerError as exc:
             await self._finish(row, ToolCallState.FAILED, exc.message, True, exc.kind)
         else:
             text = cap_result(outcome.text, self.config.max_tool_result_bytes)
             state = ToolCallState.FAILED if outcome.is_error else ToolCallState.SUCCEEDED
-            await self._finish(row, state, text, outcome.is_error, "tool_error" if outcome.is_error else "")
+            await self._finish(row, state, text, outcome.is_error, ToolErrorKind.TOOL_ERROR if outcome.is_error else "")
+
+    async def _begin(self, row: ToolCall) -> bool:
+        """Commit the call's `running`: whether it may be sent to its server.
+
+        A `no` may answer a retry whose earlier try committed before its connection broke: the
+        call, read, says which (`running` is this runner's own: nothing else starts a call).
+        """
+        if await self.db.patiently(db_write, toolcalls.begin_call, row.pk):
+            return True
+        current = await self.db.patiently(db_read, gateway_reads.tool_call, row.pk)
+        return current.state == ToolCallState.RUNNING
 
     async def _finish(self, row: ToolCall, state: str, text: str, is_error: bool, kind: str) -> None:
-        if not await db_write(tools.finish_call, row.pk, state, result=text, is_error=is_error, error_kind=kind):
+        """Store the call's outcome, waiting out an outage (past the run's wait: `DatabaseWaitOver`)."""
+        if await self.db.patiently(
+            db_write, toolcalls.finish_call, row.pk, state, result=text, is_error=is_error, error_kind=kind
+        ):
+            return
+        # An earlier try committed before its connection broke, or the run's end closed the call.
+        current = await self.db.patiently(db_read, gateway_reads.tool_call, row.pk)
+        if (current.state, current.result) != (state, text):
             raise asyncio.CancelledError()  # the run's end closed it first
 
     async def _decision(self, approval: ToolApproval) -> str:
         """Wait for the approval's decision; at its expiry, resolve it `expired` (fail closed)."""
         while True:
-            current = await db_read(gateway_reads.approval, approval.pk)
+            current = await self.db.patiently(db_read, gateway_reads.approval, approval.pk)
             if current.decision:
                 return current.decision
             left = (current.expires_at - timezone.now()).total_seconds()
             if left <= 0:
-                expired = await db_write(tools.expire_approval, approval.pk)
+                expired = await self.db.patiently(db_write, toolcalls.expire_approval, approval.pk)
                 if expired is not None and expired.decision:
                     return expired.decision
                 continue
@@ -330,5 +330,5 @@ class ToolHost:
             "partialResult": {"progress": progress, "total": total, "message": (message or "")[:500]},
         }
         session = self.run.session
-        agent = wire.agent_event(self.run, session.key, self.run.stream_seq, "tool", data)
+        agent = run_events.agent_event(self.run, session.key, self.run.stream_seq, "tool", data)
         broadcaster.send(session.owner_id, tool_message(session.owner_id, self.run.pk, row.call_id, "update", agent))

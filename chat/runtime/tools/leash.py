@@ -1,4 +1,4 @@
-"""Launcher that ties an MCP stdio server's life to the gateway's: ``python leash.py -- COMMAND ARGS...``.
+"""Launcher that ties an MCP stdio server's life to the gateway's: ``command_line([COMMAND, ARGS...])``.
 
 Why: a stdio MCP server is a child process of the gateway. When the gateway exits normally, the pool
 closes each server (stdin closed, then SIGTERM, then SIGKILL). But when the gateway is killed with
@@ -28,7 +28,11 @@ process as a grandchild, which is not killed on the gateway's death but sees end
 stdin (the gateway held the other end) and exits as an MCP stdio server must. Elsewhere than Linux
 there is no death signal, and the launcher only reports its pid and ``exec``s.
 
-Only the standard library is used: the launcher runs as ``python -I leash.py``, before anything else.
+Only the standard library is used: the launcher runs as ``python -I -c SOURCE -- COMMAND...``,
+before anything else. Its source travels on the command line, read by the parent (`command_line`),
+not as a path: a process started as another user (the test suite's private PostgreSQL, run as
+``postgres`` when the suite runs as root) cannot be relied on to read the checkout, which may sit
+in a private folder or a home directory.
 """
 
 from __future__ import annotations
@@ -43,6 +47,13 @@ PIDFILE_ENV = "AGENTGATE_LEASH_PIDFILE"
 _PR_SET_PDEATHSIG = 1
 _EXIT_USAGE = 64  # EX_USAGE
 _EXIT_NO_PARENT = 70  # EX_SOFTWARE
+
+
+def command_line(command: list[str], python: str = sys.executable) -> list[str]:
+    """`command` under this launcher, run by `python`; the one way every caller builds it."""
+    with open(__file__, encoding="utf-8") as f:  # no __file__ under -c: only ever called by a parent
+        source = f.read()
+    return [python, "-I", "-c", source, "--", *command]
 
 
 def _set_parent_death_signal() -> None:

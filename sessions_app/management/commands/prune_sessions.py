@@ -6,7 +6,7 @@ from django.conf import settings
 from django.core.management.base import CommandError, CommandParser
 
 from sessions_app.management.opscommand import OpsCommand
-from sessions_app.operations.retention import count_candidates, prune_sessions
+from sessions_app.operations.prune import count_candidates, prune_sessions
 
 
 class Command(OpsCommand):

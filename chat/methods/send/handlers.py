@@ -1,0 +1,111 @@
+"""`chat.send`, `sessions.steer` and `chat.abort`: admit, ack, hold the ack (`waitMs`), abort."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from chat.base.db import db_read
+from chat.methods.commands import command
+from chat.methods.registry import Conn, Reply, call, check_held, method
+from chat.methods.send import acks as send_acks
+from chat.methods.send import params as send_params
+from chat.methods.send.acks import AckStatus
+from chat.methods.send.admission import admit, refuse_unadmitted
+from chat.protocol import fields, keys
+from chat.protocol.scopes import Scope
+from chat.runtime.gateway import runtime
+from sessions_app import gateway_reads
+from sessions_app.lifecycle import sessions
+from sessions_app.lifecycle.runs import SendOutcome
+from sessions_app.models import RunState
+
+
+def _ack_reply(conn: Conn, admitted: SendOutcome, status: AckStatus | None = None) -> Reply:
+    """The ack of an admission (or, for a held ack, of the run as it is now)."""
+    refuse_unadmitted(admitted)
+    session, run = admitted.session, admitted.run
+    assert run is not None
+    status = status or send_acks.ack_status(admitted)
+    conn.state.track_run(
+        run.pk,
+        terminal=status in send_acks.TERMINAL_ACKS,
+        run_id=run.run_id,
+        session_key=session.key,
+        session_id=str(run.session_generation),
+    )
+    payload = send_acks.ack_payload(
+        run,
+        status,
+        session.key,
+        str(session.session_id),
+        queuePosition=admitted.queue_position if status in (AckStatus.QUEUED, AckStatus.IN_FLIGHT) else None,
+        interruptedActiveRun=True if admitted.interrupted_active_run else None,
+    )
+    if status == AckStatus.ERROR:
+        return Reply(payload, {"code": "UNAVAILABLE", "message": payload.get("summary", "run failed")})
+    return Reply(payload)
+
+
+async def _send(conn: Conn, params: dict[str, Any], *, steer: bool) -> Reply:
+    send = send_params.parse_chat_send(params)
+    if steer:
+        send.queue_mode, send.steer = "interrupt", True
+    if send.command is not None:
+        return await command(conn, send, announce=True)
+    if send.wait_ms > 0:
+        check_held(conn, "waitMs")
+    admitted = await admit(conn.state.user_id, send)
+    reply = _ack_reply(conn, admitted)
+    if send.wait_ms > 0 and admitted.run is not None and send_acks.ack_status(admitted) in send_acks.LIVE_ACKS:
+        return Reply(wait=lambda: _held_ack(conn, admitted, send))
+    return reply
+
+
+async def _held_ack(conn: Conn, admitted: SendOutcome, send: send_params.ChatSendParams) -> Reply:
+    """The ack of a send with `waitMs`: the run's outcome once it ends, or its live state at the deadline."""
+    assert admitted.run is not None
+    first = send_acks.ack_status(admitted)
+    session = admitted.session
+    run = await runtime.executor.wait_terminal(admitted.run.pk, send.wait_ms / 1000)
+    if run is None:
+        # Gone with its deleted session: that ended it (aborted, stopReason delete).
+        conn.state.track_run(
+            admitted.run.pk,
+            terminal=True,
+            run_id=send.run_id,
+            session_key=session.key,
+            session_id=str(session.session_id),
+        )
+        return Reply(
+            send_acks.ack_payload(
+                None, AckStatus.TIMEOUT, session.key, str(session.session_id), runId=send.run_id, stopReason="delete"
+            )
+        )
+    # Rebuilt from the run as it is now: a terminal ack once it has ended, a fresh
+    # queue position while it waits.
+    status = send_acks.replay_ack(run)
+    if status == AckStatus.IN_FLIGHT and first != AckStatus.IN_FLIGHT:
+        status = AckStatus.QUEUED if run.state == RunState.QUEUED else AckStatus.STARTED
+    position = await db_read(gateway_reads.queue_position, run) if status != AckStatus.STARTED else None
+    return _ack_reply(conn, SendOutcome(admitted.admission, run, session, position), status)
+
+
+@method("chat.send", scope=Scope.WRITE)
+async def chat_send(conn: Conn, params: dict[str, Any]) -> Reply:
+    return await _send(conn, params, steer=False)
+
+
+@method("sessions.steer", scope=Scope.WRITE)
+async def sessions_steer(conn: Conn, params: dict[str, Any]) -> Reply:
+    # The chat.send ack, unchanged: a terminal status stays terminal (§7).
+    return await _send(conn, params, steer=True)
+
+
+@method("chat.abort", scope=Scope.WRITE)
+async def chat_abort(conn: Conn, params: dict[str, Any]) -> Reply:
+    key, _agent = keys.session_key_param(params)
+    run_id = fields.get_str(params, "runId", required=False, max_len=128, pattern=fields.RUN_ID_RE)
+    admitted = await call(
+        sessions.abort, owner_id=conn.state.user_id, key=key, run_id=run_id, owner_process=runtime.owner_for_new_runs()
+    )
+    return Reply({"aborted": admitted.aborted, "runIds": admitted.run_ids})

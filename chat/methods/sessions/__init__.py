@@ -1,0 +1,1 @@
+"""The sessions family: `sessions.*` (params, the life of a session, finding one)."""

@@ -1,0 +1,204 @@
+// The conversation's DOM: one row per item of conversation.js `conversation` (keyed updates), each a
+// message bubble with its status line, run details and actions, or a tool card (toolcard.js); the
+// scroll position, and the approval countdowns. Browser only.
+
+import { conversation, editTarget, retryTarget } from "./conversation.js";
+import { setAttr, setText } from "./dom.js";
+import { renderMarkdown } from "./markdown.js";
+import { cancelQueued } from "./messageactions.js";
+import { TERMINAL_PHASES } from "./model.js";
+import { state } from "./store.js";
+import { formatDetails } from "./texts.js";
+import { createToolCard, updateCountdown, updateToolCard } from "./toolcard.js";
+import { updateKeyed } from "./util.js";
+import { els, page } from "./view.js";
+
+/** The status line of a message, when it has one: `{text, cancel?}` (`cancel`: a queued message's Cancel). */
+function metaFor(item) {
+  switch (item.state) {
+    case "sending":
+      return { text: state.conn.status === "online" ? "Sending…" : "Waiting for the connection…" };
+    case "queued":
+      return { text: item.position ? `Queued · #${item.position}` : "Queued", cancel: true };
+    case "error": {
+      if (item.unconfirmed) return { text: item.error };
+      const kind = item.errorKind && item.errorKind !== "error" ? ` (${item.errorKind})` : "";
+      return { text: item.role === "user" ? `Not sent${kind}: ${item.error}` : `Error${kind}: ${item.error}` };
+    }
+    case "aborted":
+      return { text: item.meta || "Stopped" };
+    default:
+      return null;
+  }
+}
+
+/** A new, empty row for `item`: a message bubble with its status line and actions, or a tool card. */
+function messageElement(item) {
+  if (item.role === "tool") return createToolCard(document); // a tool call (toolcard.js)
+  // A row holds the message bubble and, under it, its run details and actions. The bubble
+  // (`data-testid="message"`) holds only the message and its status line.
+  const row = document.createElement("div");
+  row.className = "msg-row";
+  const el = document.createElement("article");
+  el.className = "msg";
+  el.dataset.testid = "message";
+  const body = document.createElement("div");
+  body.className = "msg-text";
+  if (item.role === "assistant") {
+    body.classList.add("markdown");
+    body.dataset.testid = "markdown";
+  }
+  const meta = document.createElement("div");
+  meta.className = "msg-meta";
+  meta.hidden = true;
+  el.append(body, meta);
+  const foot = document.createElement("div");
+  foot.className = "msg-foot";
+  if (item.role === "assistant") {
+    const runMeta = document.createElement("span");
+    runMeta.className = "run-meta";
+    runMeta.dataset.testid = "run-meta";
+    runMeta.hidden = true;
+    foot.append(runMeta);
+  }
+  const actions = item.role === "user" ? [["copy", "Copy"], ["edit", "Edit"], ["retry", "Retry"]] : [["copy", "Copy"], ["retry", "Retry"]];
+  for (const [action, label] of actions) {
+    const button = document.createElement("button");
+    button.type = "button";
+    button.className = "btn btn-quiet btn-small msg-action";
+    button.dataset.testid = action;
+    button.dataset.action = action;
+    button.textContent = label;
+    button.hidden = action !== "copy";
+    foot.append(button);
+  }
+  row.append(el, foot);
+  return row;
+}
+
+/** Bring the status line `metaEl` of a message of session `key` up to date (rebuilt only when it changed). */
+function updateMeta(metaEl, item, key) {
+  const meta = metaFor(item);
+  const signature = meta ? `${meta.text}|${meta.cancel ? 1 : 0}` : "";
+  if (metaEl.dataset.sig === signature) return;
+  metaEl.dataset.sig = signature;
+  metaEl.replaceChildren();
+  metaEl.hidden = !meta;
+  if (!meta) return;
+  const span = document.createElement("span");
+  span.textContent = meta.text;
+  metaEl.append(span);
+  if (meta.cancel && item.runId) {
+    const cancel = document.createElement("button");
+    cancel.type = "button";
+    cancel.className = "btn btn-quiet btn-small";
+    cancel.dataset.testid = "cancel-queued";
+    cancel.textContent = "Cancel";
+    const runId = item.runId;
+    cancel.addEventListener("click", () => cancelQueued(key, runId));
+    metaEl.append(cancel);
+  }
+}
+
+/** The row under a message: a finished reply's details, and Copy, Edit and Retry where they apply. */
+function updateFoot(foot, item, { retry, edit }) {
+  const ended = TERMINAL_PHASES.has(item.state);
+  const details = item.role === "assistant" && ended ? formatDetails(item.details) : "";
+  const part = (testid) => foot.querySelector(`[data-testid="${testid}"]`);
+  const runMeta = part("run-meta");
+  if (runMeta) {
+    setText(runMeta, details);
+    runMeta.hidden = !details;
+  }
+  const [copyBtn, editBtn, retryBtn] = [part("copy"), part("edit"), part("retry")];
+  copyBtn.hidden = !item.text || item.state === "streaming";
+  setAttr(copyBtn, "aria-label", item.role === "user" ? "Copy your message" : "Copy the reply");
+  if (editBtn) {
+    editBtn.hidden = !(edit && edit.itemId === item.id);
+    setAttr(editBtn, "aria-label", "Edit your last message");
+  }
+  retryBtn.hidden = !(retry && retry.itemId === item.id);
+  retryBtn.disabled = !(retry && retry.enabled);
+  setAttr(retryBtn, "aria-label", "Run the last message again");
+  foot.hidden = [...foot.children].every((child) => child.hidden);
+}
+
+/** Bring `row` up to date with conversation item `item` of session `key`. */
+function updateMessageRow(row, item, { key, retry, edit, now }) {
+  row.dataset.itemId = item.id;
+  if (item.role === "tool") {
+    updateToolCard(row, item.view, { now });
+    return;
+  }
+  const el = row.firstChild;
+  setAttr(row, "data-role", item.role);
+  setAttr(el, "data-role", item.role);
+  setAttr(el, "data-state", item.state);
+  setAttr(el, "data-run-id", item.runId || "");
+  setAttr(el, "data-position", item.position ? String(item.position) : "");
+  const body = el.children[0];
+  if (body.dataset.testid === "markdown") renderMarkdown(body, item.text, { final: item.state !== "streaming" });
+  else setText(body, item.text);
+  updateMeta(el.children[1], item, key);
+  updateFoot(row.lastChild, item, { retry, edit });
+}
+
+/** A session opened from its "needs approval" row: its pending prompt is scrolled into view once loaded. */
+function revealApproval(key, conv) {
+  if (page.revealApproval === key && conv && conv.loaded) {
+    // Show the prompt (no focus move: a stray Enter must not decide).
+    const prompt = els.messageList.querySelector('[data-testid="tool-approval"][data-state="pending"]');
+    if (prompt) prompt.scrollIntoView({ block: "center" });
+    page.revealApproval = null;
+  } else if (page.revealApproval && page.revealApproval !== key) {
+    page.revealApproval = null;
+  }
+}
+
+/** Draw the open session's conversation, keeping the reader's place (or the end, when following it). */
+export function renderMessages() {
+  const box = els.messages;
+  const key = state.currentKey;
+  if (page.renderedKey !== key) {
+    for (const el of page.msgEls.values()) el.remove();
+    page.msgEls.clear();
+    page.renderedKey = key;
+    page.stickToBottom = true;
+  }
+  const items = conversation(state, key);
+  const context = { key, retry: retryTarget(state, key, items), edit: editTarget(state, key, items), now: Date.now() };
+  const conv = state.convs[key];
+  const nearBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 80;
+  const heightBefore = box.scrollHeight;
+  const firstBefore = els.messageList.firstChild;
+  updateKeyed(els.messageList, page.msgEls, items, (item) => item.id, messageElement, (row, item) => updateMessageRow(row, item, context));
+  els.loadOlder.hidden = !(conv && conv.hasMore);
+  els.loadOlder.disabled = Boolean(conv && conv.loadingOlder);
+  els.emptyHint.hidden = items.length > 0 || !(conv && conv.loaded);
+  const prepended = firstBefore && els.messageList.firstChild !== firstBefore && firstBefore.isConnected;
+  if (prepended && !page.stickToBottom) {
+    box.scrollTop += box.scrollHeight - heightBefore; // keep the reader's place after older messages load
+  } else if (nearBottom || page.stickToBottom) {
+    box.scrollTop = box.scrollHeight;
+  }
+  if (conv && conv.loaded && items.length) page.stickToBottom = false;
+  revealApproval(key, conv);
+  syncCountdowns();
+}
+
+const COUNTDOWNS = '[data-testid="approval-countdown"][data-deadline]';
+
+/** Tick the approval countdowns once a second while one is shown (the reducer has no clock). */
+function syncCountdowns() {
+  const any = els.messageList.querySelector(COUNTDOWNS) !== null;
+  if (any && !page.countdownTimer) {
+    page.countdownTimer = setInterval(() => {
+      const now = Date.now();
+      for (const node of els.messageList.querySelectorAll(COUNTDOWNS)) updateCountdown(node, now);
+      syncCountdowns();
+    }, 1000);
+  } else if (!any && page.countdownTimer) {
+    clearInterval(page.countdownTimer);
+    page.countdownTimer = null;
+  }
+}
