@@ -19,6 +19,10 @@ import psycopg
 from tests.support import services
 from tests.support.servers import FAST_ENV, ServerHandle, create_token, manage, start_server
 
+# A cold start imports Django, Channels and Twisted; beside other suites on a 2-core machine that
+# has taken over 30 s.
+READY_SECONDS = 60.0
+
 
 @dataclass
 class Cluster:
@@ -44,7 +48,7 @@ class Cluster:
         """A new process on the same port as server `index` (after it died)."""
         old = self.servers[index]
         self.servers[index] = start_server(env=self.env, port=old.port, log_dir=self.log_dir)
-        self.servers[index].wait_ready(30)
+        self.servers[index].wait_ready(READY_SECONDS)
         return self.servers[index]
 
     def query(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
@@ -84,7 +88,7 @@ def cluster(
         manage(env, "migrate", "--noinput", "-v0")
         c.servers = [start_server(env=env, log_dir=log_dir) for _ in range(processes)]
         for s in c.servers:
-            s.wait_ready(30)
+            s.wait_ready(READY_SECONDS)
         yield c
     except BaseException:
         failed = True
