@@ -374,6 +374,22 @@ async def connect_many(target: Target, conns: int, idle_seconds: float = 1.0) ->
     return {"open_all_s": opened, "rss_idle_mb": rss, "rss_before_mb": rss_before}
 
 
+def delta_timing(
+    payload: dict[str, Any], now: float, sent_at: dict[str, float], tick_ms: int
+) -> tuple[float | None, float | None]:
+    """A `chat` delta's lag (ms: receipt minus the server's timestamp) and how far it arrived
+    behind the scripted agent's schedule (ms: chunk i of the reply, "echo:", " word1", …, is due
+    i ticks after the send); None where the delta has no timestamp or its run no send time."""
+    message = payload.get("message", {})
+    ts = message.get("timestamp")
+    lag = now * 1000 - ts if ts else None
+    start = sent_at.get(payload["runId"])
+    if start is None:
+        return lag, None
+    chunks = len(message.get("content", [{}])[0].get("text", "").split())
+    return lag, (now - start) * 1000 - (chunks - 1) * tick_ms
+
+
 async def streaming(target: Target, runs: int, words: int, tick_ms: int, watchers: int) -> dict[str, float]:
     """`runs` runs stream at once, each run's user watching on `watchers` connections (the first sends):
     runs completed, delta delivery lag (ms, receipt minus the delta's server timestamp), how far
@@ -389,15 +405,11 @@ async def streaming(target: Target, runs: int, words: int, tick_ms: int, watcher
     terminals: list[dict[str, Any]] = []
 
     def on_delta(payload: dict[str, Any], now: float) -> None:
-        message = payload.get("message", {})
-        ts = message.get("timestamp")
-        if ts:
-            lags.append(now * 1000 - ts)
-        start = sent_at.get(payload["runId"])
-        if start is not None:
-            # chunk i of the reply ("echo:", " word1", …) is due i ticks after the send
-            chunks = len(message.get("content", [{}])[0].get("text", "").split())
-            behind.append((now - start) * 1000 - (chunks - 1) * tick_ms)
+        lag, late = delta_timing(payload, now, sent_at, tick_ms)
+        if lag is not None:
+            lags.append(lag)
+        if late is not None:
+            behind.append(late)
 
     def on_terminal(payload: dict[str, Any], now: float) -> None:
         terminals.append(payload)

@@ -50,6 +50,7 @@ if str(ROOT) not in sys.path:
 from bench import load  # noqa: E402
 from bench.load import TURN_MESSAGE, Target  # noqa: E402
 from chat.runtime.tools import leash  # noqa: E402  (stdlib only: no Django needed)
+from tests.support.services import postgres_bindir  # noqa: E402
 
 PG_URL = os.environ.get("BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -161,20 +162,6 @@ class Services:
         name = urlparse(url).path.lstrip("/")
         with contextlib.suppress(Exception), psycopg.connect(self.admin_url, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def postgres_bindir() -> Path | None:
-    """PostgreSQL's server programs: `pg_config --bindir`, the PATH, or Debian's versioned folders."""
-    candidates: list[Path] = []
-    pg_config = shutil.which("pg_config")
-    if pg_config is not None:
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            out = subprocess.run([pg_config, "--bindir"], capture_output=True, text=True, timeout=10).stdout
-            candidates.append(Path(out.strip()))
-    if shutil.which("pg_ctl") is not None:
-        candidates.append(Path(str(shutil.which("pg_ctl"))).parent)
-    candidates += sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
-    return next((c for c in candidates if (c / "postgres").exists() and (c / "initdb").exists()), None)
 
 
 def _reachable(url: str, default_port: int) -> bool:

@@ -110,15 +110,10 @@ async def stream(
     finals: list[dict[str, Any]] = []
 
     def on_delta(payload: dict[str, Any], now: float) -> None:
-        message = payload.get("message", {})
-        ts = message.get("timestamp")
-        if ts:
-            lags.append(now * 1000 - ts)
-        start = sent_at.get(payload["runId"])
-        if start is not None:
-            # word i of the reply ("echo:", " word1", …) is due i ticks after the send
-            chunks = len(message.get("content", [{}])[0].get("text", "").split())
-            late = (now - start) * 1000 - (chunks - 1) * tick_ms
+        lag, late = load.delta_timing(payload, now, sent_at, tick_ms)
+        if lag is not None:
+            lags.append(lag)
+        if late is not None:
             behind.append(late)
             # the same, counted from the run's first delta (how far it fell behind once streaming)
             streaming.append(late - first_delta.setdefault(payload["runId"], late))
