@@ -195,8 +195,9 @@ async def test_steers_racing_the_runs_end_are_each_taken_once_or_run_once(client
         else:
             # a follow-up the client was told of (or, after the run's end, a plain run): its own request, once
             if ack.get("steered"):
+                await client.wait_terminal(f"s{i}", timeout=10)
                 told = [e for e in client.chat_events(f"s{i}") if e.get("steer") == "followup"]
-                assert len(told) == 1 and told[0]["phase"] == "queued", i
+                assert len(told) == 1 and told[0]["phase"] == "queued", (i, client.chat_events(f"s{i}"))
             assert steer.state == "done" and steer.stop_reason != "steered", (i, steer.stop_reason)
             assert sent and fake.requests[-1].messages[-1]["content"] == f"steer {i}", i
             assert len([r for r in fake.requests if r.messages[-1]["content"] == f"steer {i}"]) == 1, i
