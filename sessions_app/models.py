@@ -154,6 +154,8 @@ class Run(models.Model):
     cancel_ms = models.IntegerField(null=True, blank=True)
     # how many tool calls the run recorded: its terminal transition looks for open calls only when > 0
     tool_calls = models.IntegerField(default=0, db_default=0)
+    # how many steering messages the run took (`lifecycle.steering`): only then is its reply in parts
+    steers = models.IntegerField(default=0, db_default=0)
     surface = models.CharField(
         max_length=8, choices=RunSurface.choices, default=RunSurface.WEBSOCKET, db_default=RunSurface.WEBSOCKET
     )

@@ -416,10 +416,10 @@ def reply_part(session: ChatSession, run: Run, text: str, *, last_step: int, abo
     """THE rule of a run's reply in the transcript: one assistant message, or, for a run that took
     steering messages (`lifecycle.steering`), one part before each of them and one at its end. A part
     holds the reply's text after the part before (`text` is the whole reply so far) and the calls of
-    the steps after it, up to `last_step` (0: all the rest). Only a run with tool calls can have been
-    steered (steers are taken after a step's calls), so no other run reads its earlier parts."""
+    the steps after it, up to `last_step` (0: all the rest). Only a run that took steers (`Run.steers`)
+    reads its earlier parts."""
     start, first_step = 0, 1
-    before = Message.objects.filter(run=run, role="assistant").order_by("-id").first() if run.tool_calls else None
+    before = Message.objects.filter(run=run, role="assistant").order_by("-id").first() if run.steers else None
     if before is not None:
         start, first_step = before.reply_start + len(before.text), before.last_step + 1
         if text[start:].startswith("\n\n"):  # the paragraph break before a later step's text

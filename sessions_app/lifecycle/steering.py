@@ -123,4 +123,6 @@ def deliver(run_pk: int, *, step: int, reply_text: str) -> list[Delivered] | Non
                 )
             )
             delivered.append(Delivered(steer.run_id, steer.message, list(steer.attachments or [])))
+        run.steers += len(delivered)
+        Run.objects.filter(pk=run.pk).update(steers=run.steers)  # under the session lock: nothing else writes it
         return delivered

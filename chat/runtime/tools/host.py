@@ -161,14 +161,15 @@ class ToolHost:
     # --- one step's calls -------------------------------------------------------------------
 
     async def run_calls(
-        self, step: int, calls: list[ModelCall], reply_offset: int, reply_text: str = ""
+        self, step: int, calls: list[ModelCall], reply_offset: int, reply_text: str = "", *, steerable: bool = False
     ) -> list[ToolResult]:
         """Record the step's calls, then carry each to its end, in order; their outcomes as committed.
 
         Calls past `max_tool_calls` end `failed` without running, and `limit_reached` tells the
         backend to stop (stopReason `tool_limit`). Before each call starts, a steering message waiting
         for the run is taken (`steering`, when the model will be asked again): that call and the
-        rest of the step are not started, each ends `skipped` with a result that says so. Raises
+        rest of the step are not started, each ends `skipped` with a result that says so (only for a
+        backend that asks the model again after the step: `steerable`). Raises
         CancelledError when the run has ended.
         """
         try:
@@ -191,7 +192,7 @@ class ToolHost:
             raise asyncio.CancelledError()  # the run ended elsewhere (an abort won)
         self.calls_made += len(recorded)
         # steers are taken only when the model will be asked again (not at the step limit)
-        steerable = not self.limit_reached and step < self.config.max_steps
+        steerable = steerable and not self.limit_reached and step < self.config.max_steps
         results = []
         for item, row, asked in zip(checked, recorded, calls, strict=True):
             if item.new.failure is not None:

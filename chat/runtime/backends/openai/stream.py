@@ -217,7 +217,9 @@ class ModelRun:
             return False
         await self._close_response()  # read to its end: the connection goes back to the pool
         results = (
-            await self.tools.run_calls(self.step, own, reply_offset=self.reply_len, reply_text="".join(self.reply))
+            await self.tools.run_calls(
+                self.step, own, reply_offset=self.reply_len, reply_text="".join(self.reply), steerable=True
+            )
             if own and self.tools
             else []
         )
