@@ -88,7 +88,7 @@ async def test_a_steer_during_a_running_tool_skips_its_sibling_and_reaches_the_n
     history shows the calls, their results, then the steering messages, then the rest of the reply."""
     fake.push(
         tool_reply(count("first", 1200, "call_a"), count("second", 0, "call_b"), chunks=["Counting."]),
-        Reply(chunks=["Changed course."]),
+        Reply(chunks=["Changed course."], first_delay=1.0),
     )
     assert (await send(client, "r1", "count twice"))["status"] == "started"
     await wait_call_running("r1")
@@ -96,6 +96,13 @@ async def test_a_steer_during_a_running_tool_skips_its_sibling_and_reaches_the_n
     ack2 = await client.ok("sessions.steer", {"sessionKey": KEY, "message": "and say hi", "idempotencyKey": "s2"})
     for ack, steer in ((ack1, "s1"), (ack2, "s2")):
         assert (ack["status"], ack["runId"], ack["steered"], ack["steerRunId"]) == ("started", "r1", True, steer)
+
+    # while the model answers them: the part before the steers is history, only the rest is in flight
+    await fake.wait_request(2, timeout=20)
+    during = await client.ok("chat.history", {"sessionKey": KEY})
+    assert roles(during["messages"]) == ["user", "assistant", "toolResult", "toolResult", "user", "user"]
+    assert during["inFlightRun"]["runId"] == "r1" and during["inFlightRun"]["text"] == ""
+    assert during["inFlightRun"].get("tools", []) == []
 
     final = await client.wait_terminal("r1", timeout=30)
     assert final["state"] == "final" and final["message"]["content"][0]["text"].endswith("Changed course."), final
