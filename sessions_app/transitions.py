@@ -5,8 +5,7 @@ from __future__ import annotations
 from sessions_app.models import TERMINAL_STATES, RunState
 
 ALLOWED: dict[str, frozenset[str]] = {
-    # queued -> done: a steering message delivered into the session's active run (lifecycle.steering)
-    RunState.QUEUED: frozenset({RunState.DISPATCHING, *TERMINAL_STATES}),
+    RunState.QUEUED: frozenset({RunState.DISPATCHING, *TERMINAL_STATES}) - {RunState.DONE},
     RunState.DISPATCHING: frozenset({RunState.RUNNING, *TERMINAL_STATES}) - {RunState.DONE},
     RunState.RUNNING: frozenset(TERMINAL_STATES),
 }

@@ -2,7 +2,8 @@
 
 A steer is a run row of its own, queued with queue mode `steer` behind the active run (its key, its
 body and its place in the queue are a queued run's). The run takes it at its next boundary
-(`deliver`): the steer ends `done` (stopReason `steered`), the active run's reply so far is kept as
+(`deliver`): the steer ends `killed` (stopReason `steered`: it will not run on its own, §8 lets a queued
+run end no other way), the active run's reply so far is kept as
 a part of its own and the steering message follows it in the transcript. A steer the run ends
 without taking becomes a queued follow-up (`core.steers_to_followups`), started as any queued run;
 `chat.abort` by its runId withdraws it while it waits (a queued run aborted).
@@ -78,8 +79,11 @@ def deliver(run_pk: int, *, step: int, reply_text: str) -> list[Delivered] | Non
     `reply_text`), oldest first; None when the run is no longer running.
 
     In one transaction: the reply so far becomes a part of its own (`core.reply_part`), each steer
-    ends `done` (stopReason `steered`) and its message follows in the transcript. A step takes steers
+    ends (stopReason `steered`) and its message follows in the transcript. A step takes steers
     once: a retry whose earlier try committed (its answer lost) gets those steers back.
+
+    Each steer ends `killed` with stopReason `steered`: §8's state machine lets a queued run end only
+    failed, killed or timeout, and `done` would claim it ran.
     """
     with transaction.atomic():
         found = lock_run(run_pk)
@@ -104,7 +108,7 @@ def deliver(run_pk: int, *, step: int, reply_text: str) -> list[Delivered] | Non
         for steer in steers:
             if not transition(
                 steer,
-                RunState.DONE,
+                RunState.KILLED,
                 session=session,
                 reason="run.steered",
                 actor=Actor.SYSTEM,

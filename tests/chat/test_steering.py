@@ -126,7 +126,9 @@ async def test_a_steer_during_a_running_tool_skips_its_sibling_and_reaches_the_n
     assert len(skipped) == 1 and skipped[0]["status"] == "skipped" and skipped[0]["errorKind"] == "skipped"
     for steer in ("s1", "s2"):
         row = await run_row(steer)
-        assert (row.state, row.stop_reason) == ("done", "steered")
+        assert (row.state, row.stop_reason) == ("killed", "steered")  # §8: a queued run never ends done
+        (event,) = [e for e in client.chat_events(steer) if e["state"] == "aborted"]
+        assert event["stopReason"] == "steered"
         assert await user_messages({"s1": "stop counting", "s2": "and say hi"}[steer]) == 1
 
     history = (await client.ok("chat.history", {"sessionKey": KEY}))["messages"]

@@ -98,4 +98,4 @@ async def test_a_steer_admitted_by_another_process_reaches_the_run(tmp_path: Pat
             states = c.query(
                 "select r.run_id, r.state, r.stop_reason from sessions_app_run r where r.run_id != 'w' order by r.id",
             )
-            assert states == [("r1", "done", "stop"), ("s1", "done", "steered")]
+            assert states == [("r1", "done", "stop"), ("s1", "killed", "steered")]
