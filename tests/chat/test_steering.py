@@ -16,6 +16,7 @@ import pytest
 from channels.db import database_sync_to_async
 
 from sessions_app.models import LifecycleEvent, Message, Run, ToolCall
+from tests.support import services
 from tests.support.communicator import Client, open_client
 from tests.support.fake_openai import FakeOpenAI, Reply, ToolCallReply, agent_config, tool_reply
 from tests.support.tools import TEST_SERVER, TOOL_CONNECT, executions, results
@@ -291,3 +292,10 @@ async def test_interrupt_still_stops_the_run_and_starts_the_message(client, fake
     assert (end["state"], end["stopReason"]) == ("aborted", "interrupt")
     assert (await client.wait_terminal("i1", timeout=30))["state"] == "final"
     assert [c.state for c in await calls_of("r1")] == ["cancelled"]
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(300)
+def test_steering_holds_on_postgres() -> None:
+    """This file again, in a child pytest whose database is PostgreSQL (its row locks, its commits racing)."""
+    services.rerun_on_postgres(__file__, "steering", 8, REDIS_URL="")
