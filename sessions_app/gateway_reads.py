@@ -19,6 +19,7 @@ from sessions_app import statements
 from sessions_app.models import (
     ACTIVE_STATES,
     OPEN_STATES,
+    STEER,
     TOOL_TERMINAL_STATES,
     ChatSession,
     CommandReceipt,
@@ -186,6 +187,14 @@ def tool_calls_of(run_pks: set[int]) -> dict[int, list[ToolCall]]:
         for call in ToolCall.objects.filter(run_id__in=run_pks).order_by("run_id", "seq"):
             found.setdefault(call.run_id, []).append(call)
     return found
+
+
+def calls_of_part(message: Message, calls: list[ToolCall]) -> list[ToolCall]:
+    """THE rule of which of its run's calls an assistant message carries: those of its steps (a steered
+    run's reply is in parts, `lifecycle.core.reply_part`; any other's one message carries them all)."""
+    if message.first_step <= 1 and not message.last_step:
+        return calls
+    return [c for c in calls if c.step >= message.first_step and (not message.last_step or c.step <= message.last_step)]
 
 
 def tools_of_run(run_pk: int) -> tuple[list[ToolCall], list[ToolApproval]]:
@@ -393,3 +402,9 @@ def pending_approvals(*, user_id: int | None) -> list[ToolApproval]:
     if user_id is not None:
         qs = qs.filter(owner_id=user_id)
     return list(qs.order_by("id")[:500])
+
+
+def steer_waiting(session_pk: int) -> bool:
+    """Whether a steer waits in the session's queue (`lifecycle.steering`): a running run's check at each
+    boundary, one indexed read."""
+    return Run.objects.filter(session_id=session_pk, state=RunState.QUEUED, queue_mode=STEER).exists()

@@ -26,6 +26,12 @@ TERMINAL_STATES = (RunState.DONE, RunState.FAILED, RunState.KILLED, RunState.TIM
 OPEN_STATES = (RunState.QUEUED, *ACTIVE_STATES)
 
 
+# The queue modes of a steer (`lifecycle.steering`): waiting for the session's active run to take it, or a
+# follow-up because that run ended first (docs/protocol-notes.md, "Steering").
+STEER = "steer"
+STEER_FOLLOWUP = "steer-followup"
+
+
 class RunErrorKind(models.TextChoices):
     """Why a run ended `failed` or `timeout` (its `errorKind`, PROTOCOL.md §5; docs/agents.md, "Errors")."""
 
@@ -148,6 +154,8 @@ class Run(models.Model):
     cancel_ms = models.IntegerField(null=True, blank=True)
     # how many tool calls the run recorded: its terminal transition looks for open calls only when > 0
     tool_calls = models.IntegerField(default=0, db_default=0)
+    # how many steering messages the run took (`lifecycle.steering`): only then is its reply in parts
+    steers = models.IntegerField(default=0, db_default=0)
     surface = models.CharField(
         max_length=8, choices=RunSurface.choices, default=RunSurface.WEBSOCKET, db_default=RunSurface.WEBSOCKET
     )
@@ -198,6 +206,12 @@ class Message(models.Model):
     # Set on an inline command (/status, /think, ...) and its answer: the idempotencyKey of the send
     # that made them (its ack's runId; no run exists under it). Shown in history, never sent to a model.
     command_key = models.CharField(max_length=128, blank=True, default="", db_default="")
+    # A part of a steered run's reply (docs/protocol-notes.md, "Steering"): its text starts at `reply_start`
+    # of the run's reply, and it carries the calls of steps `first_step` to `last_step` (0: every later
+    # step). A run never steered has one assistant message: 0, 1, 0.
+    reply_start = models.IntegerField(default=0, db_default=0)
+    first_step = models.IntegerField(default=1, db_default=1)
+    last_step = models.IntegerField(default=0, db_default=0)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -238,6 +252,7 @@ class ToolCallState(models.TextChoices):
     CANCELLED = "cancelled"  # its run ended first (abort, timeout, reset, delete), or never started
     UNKNOWN = "unknown"  # its process died while it ran: whether it took effect is not known
     CLIENT = "client"  # a client function tool (HTTP-API.md §14.4): handed to the API client, never run here
+    SKIPPED = "skipped"  # not started: a steering message reached its run first (docs/protocol-notes.md, "Steering")
 
 
 TOOL_OPEN_STATES = (ToolCallState.PENDING, ToolCallState.PENDING_APPROVAL, ToolCallState.RUNNING)
@@ -249,6 +264,7 @@ TOOL_TERMINAL_STATES = (
     ToolCallState.CANCELLED,
     ToolCallState.UNKNOWN,
     ToolCallState.CLIENT,
+    ToolCallState.SKIPPED,
 )
 
 
@@ -265,6 +281,7 @@ class ToolErrorKind(models.TextChoices):
     EXPIRED = "expired"
     CANCELLED = "cancelled"
     UNKNOWN = "unknown"
+    SKIPPED = "skipped"  # not started: the run took a steering message first
 
 
 # the one terminal state each kind comes with
@@ -279,6 +296,7 @@ TOOL_ERROR_KIND_STATES: dict[str, str] = {
     ToolErrorKind.EXPIRED: ToolCallState.EXPIRED,
     ToolErrorKind.CANCELLED: ToolCallState.CANCELLED,
     ToolErrorKind.UNKNOWN: ToolCallState.UNKNOWN,
+    ToolErrorKind.SKIPPED: ToolCallState.SKIPPED,
 }
 
 

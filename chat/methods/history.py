@@ -74,6 +74,7 @@ def message_items(
 ) -> list[dict[str, Any]]:
     """A transcript message; an assistant reply with tool calls also gets its `toolResult` messages (§13.4)."""
     calls = tools.get(msg.run_id, []) if msg.run_id is not None and msg.role == "assistant" else []
+    calls = gateway_reads.calls_of_part(msg, calls) if calls else calls
     item = message_item(msg, runs, calls, seq)
     return [item, *(tool_result_message(c, item) for c in calls)]
 
@@ -93,12 +94,13 @@ def openclaw_identity(item: dict[str, Any], seq: int | None) -> dict[str, Any]:
     return identity
 
 
-def assistant_content(text: str, calls: Sequence[ToolCall]) -> list[dict[str, Any]]:
-    """The reply's text blocks with its calls' `toolCall` blocks where they came in the text."""
+def assistant_content(text: str, calls: Sequence[ToolCall], start: int = 0) -> list[dict[str, Any]]:
+    """The reply's text blocks with its calls' `toolCall` blocks where they came in the text (`text`
+    starts at `start` of the run's reply: a part of a steered run's)."""
     content: list[dict[str, Any]] = []
     at = 0
     for call in calls:
-        cut = min(max(call.reply_offset, at), len(text))
+        cut = min(max(call.reply_offset - start, at), len(text))
         if text[at:cut]:
             content.append({"type": "text", "text": text[at:cut]})
         at = cut
@@ -131,7 +133,9 @@ def message_item(
     item: dict[str, Any] = {
         "id": str(msg.pk),
         "role": msg.role,
-        "content": assistant_content(msg.text, calls) if calls else [{"type": "text", "text": msg.text}],
+        "content": (
+            assistant_content(msg.text, calls, msg.reply_start) if calls else [{"type": "text", "text": msg.text}]
+        ),
         "timestamp": ms(msg.created_at),
     }
     run = runs.get(msg.run_id) if msg.run_id is not None else None
@@ -170,9 +174,17 @@ def history(session: ChatSession, transcript: gateway_reads.Transcript) -> dict[
     }
     active = transcript.active
     if active is not None:
-        payload["inFlightRun"] = {"runId": active.run_id, "seq": active.stream_seq, "text": active.reply}
+        # a run that took steering messages shows its parts before them as messages: only the rest is in flight
+        parts = [m for m in transcript.messages if m.run_id == active.pk and m.role == "assistant"]
+        start, after_step = (parts[-1].reply_start + len(parts[-1].text), parts[-1].last_step) if parts else (0, 0)
+        payload["inFlightRun"] = {
+            "runId": active.run_id,
+            "seq": active.stream_seq,
+            "text": active.reply[start:].removeprefix("\n\n"),
+        }
         if active.pk in transcript.tools:
-            payload["inFlightRun"]["tools"] = [tool_item(c) for c in transcript.tools[active.pk]]
+            calls = [c for c in transcript.tools[active.pk] if c.step > after_step]
+            payload["inFlightRun"]["tools"] = [tool_item(c) for c in calls]
     # Not in the spec: the queued messages themselves, so a reloaded page can show them.
     payload["queuedRuns"] = [
         {"runId": r.run_id, "text": r.message, "position": i + 1} for i, r in enumerate(transcript.queued)

@@ -12,6 +12,8 @@ from chat.protocol.frames import ms, now_ms
 from chat.protocol.keys import agent_id_of
 from sessions_app.models import (
     OPEN_STATES,
+    STEER,
+    STEER_FOLLOWUP,
     CommandReceipt,
     Run,
     RunState,
@@ -33,6 +35,8 @@ TERMINAL_CHAT_STATES = (ChatState.FINAL, ChatState.ABORTED, ChatState.ERROR)
 # phases and fails to render any other: it is told `dispatching` in its words, and not the rest.
 OPENCLAW_CONTROL_UI = "openclaw-control-ui"
 OPENCLAW_STATUS_PHASES = {RunState.DISPATCHING.value: "starting_model"}
+# a queued steer's `status` events say which it is: waiting for the active run, or a follow-up now
+STEER_PHASES = {STEER: "pending", STEER_FOLLOWUP: "followup"}
 
 
 def status_phases(client_id: str) -> dict[str, str] | None:
@@ -129,7 +133,10 @@ def chat_payload(run: Run, session_key: str) -> dict[str, Any]:
     }
     state = run.state
     if state in OPEN_STATES:
-        return {**base, "state": ChatState.STATUS.value, "phase": state}
+        status = {**base, "state": ChatState.STATUS.value, "phase": state}
+        if state == RunState.QUEUED and run.queue_mode in STEER_PHASES:
+            status["steer"] = STEER_PHASES[run.queue_mode]  # docs/protocol-notes.md, "Steering"
+        return status
     end = run_end(run)
     if state == RunState.DONE:
         return {

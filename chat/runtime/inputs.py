@@ -64,9 +64,9 @@ def transcript(run: Run, window: int) -> list[dict[str, Any]]:
                     "result": c.result,
                     "status": c.state,
                     "step": c.step,
-                    "offset": c.reply_offset,
+                    "offset": max(0, c.reply_offset - m.reply_start),  # in this message's text
                 }
-                for c in calls[m.run_id]
+                for c in gateway_reads.calls_of_part(m, calls[m.run_id])
             ]
         out.append(item)
     return out

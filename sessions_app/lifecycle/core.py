@@ -21,6 +21,8 @@ from sessions_app import signals, statements
 from sessions_app.lifecycle import toolstate
 from sessions_app.models import (
     ACTIVE_STATES,
+    STEER,
+    STEER_FOLLOWUP,
     TERMINAL_STATES,
     Actor,
     ChatSession,
@@ -312,6 +314,8 @@ def transition(
         emit_run(
             run, session, from_state=from_state, to_state=to_state, reason=reason, actor=actor, row_changed=changed
         )
+        if was_active:
+            steers_to_followups(session, actor=actor)
         if was_active and start_next:
             start_next_queued(session, actor=Actor.SYSTEM, owner_process=owner_process)
     return True
@@ -405,16 +409,34 @@ def _keep_reply(session: ChatSession, run: Run, from_state: str, to_state: str) 
         and from_state in ACTIVE_STATES
         and (to_state == RunState.DONE or run.reply or run.tool_calls)
     ):
-        statements.insert(
-            Message(
-                session=session,
-                session_generation=session.session_id,
-                role="assistant",
-                text=run.reply,
-                run=run,
-                aborted=to_state != RunState.DONE,
-            )
+        reply_part(session, run, run.reply, last_step=0, aborted=to_state != RunState.DONE)
+
+
+def reply_part(session: ChatSession, run: Run, text: str, *, last_step: int, aborted: bool = False) -> Message:
+    """THE rule of a run's reply in the transcript: one assistant message, or, for a run that took
+    steering messages (`lifecycle.steering`), one part before each of them and one at its end. A part
+    holds the reply's text after the part before (`text` is the whole reply so far) and the calls of
+    the steps after it, up to `last_step` (0: all the rest). Only a run that took steers (`Run.steers`)
+    reads its earlier parts."""
+    start, first_step = 0, 1
+    before = Message.objects.filter(run=run, role="assistant").order_by("-id").first() if run.steers else None
+    if before is not None:
+        start, first_step = before.reply_start + len(before.text), before.last_step + 1
+        if text[start:].startswith("\n\n"):  # the paragraph break before a later step's text
+            start += 2
+    return statements.insert(
+        Message(
+            session=session,
+            session_generation=session.session_id,
+            role="assistant",
+            text=text[start:],
+            run=run,
+            aborted=aborted,
+            reply_start=start,
+            first_step=first_step,
+            last_step=last_step,
         )
+    )
 
 
 def _compare_and_set(run: Run, to_state: str, updates: dict[str, Any], *, events: int = 1) -> bool:
@@ -437,6 +459,42 @@ def _compare_and_set(run: Run, to_state: str, updates: dict[str, Any], *, events
     for name, value in values.items():
         setattr(run, name, value)
     run.stream_seq, run.reply = int(row[0]), row[1]
+    return True
+
+
+def steers_to_followups(session: ChatSession, *, actor: str) -> None:
+    """The active run of the session ended: the steers it did not take become queued follow-ups, each
+    announced (its `chat` status event says `steer: followup`), never dropped (`lifecycle.steering`)."""
+    if statements.known_queue(session) == []:
+        return
+    for run in queued_runs(session):
+        if run.queue_mode != STEER:
+            continue
+        updated = _set_queue_mode(run, STEER_FOLLOWUP)
+        if updated:
+            emit_run(
+                run,
+                session,
+                from_state=RunState.QUEUED,
+                to_state=RunState.QUEUED,
+                reason="steer.followup",
+                actor=actor,
+                row_changed=False,
+            )
+
+
+def _set_queue_mode(run: Run, queue_mode: str) -> bool:
+    """Compare-and-set a queued run's queue mode, taking its next event seq; False when it left the queue."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {Run._meta.db_table} SET queue_mode = %s, stream_seq = stream_seq + 1 "
+            "WHERE id = %s AND state = %s AND queue_mode = %s RETURNING stream_seq",
+            [queue_mode, run.pk, RunState.QUEUED, run.queue_mode],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return False
+    run.queue_mode, run.stream_seq = queue_mode, int(row[0])
     return True
 
 

@@ -13,6 +13,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from sessions_app import gateway_reads, statements
+from sessions_app.lifecycle import steering
 from sessions_app.lifecycle.core import (
     OUTCOME_FIELDS,
     REASON_FOR_STATE,
@@ -32,6 +33,7 @@ from sessions_app.lifecycle.core import (
 from sessions_app.models import (
     ACTIVE_STATES,
     OPEN_STATES,
+    STEER,
     Actor,
     ChatSession,
     Run,
@@ -43,7 +45,8 @@ from sessions_app.models import (
 
 # What admission decided: a new run started or queued, the key's existing run, a key reused
 # with another body, a full queue, or a send that failed before its ack (kept as a failed run).
-Admission = Literal["started", "queued", "existing", "conflict", "queue_full", "rejected"]
+# A steer taken by the active run's queue is `steered` (`lifecycle.steering`).
+Admission = Literal["started", "queued", "steered", "existing", "conflict", "queue_full", "rejected"]
 
 
 @dataclass
@@ -73,6 +76,9 @@ class SendRequest:
     # the session as the gateway read it just before, the key new to it (`statements.keyed_run`: its
     # row, runIds and queue): admitted against it when it is still so (`_admit_seen`)
     seen: ChatSession | None = None
+    # queue mode `steer`: whether the agent's backend takes steering messages at all (the rest of the
+    # rule is `steering.can_take`)
+    steerable: bool = False
 
 
 @dataclass
@@ -82,6 +88,7 @@ class SendOutcome:
     session: ChatSession
     queue_position: int | None = None
     interrupted_active_run: bool = False
+    steered_into: Run | None = None  # `steered`: the active run that is to take it
 
 
 def replay_of(run: Run, session: ChatSession, body_hash: str, queue_position: Callable[[], int | None]) -> SendOutcome:
@@ -132,6 +139,11 @@ def admit_send(req: SendRequest, *, owner_process: str, actor: str = Actor.USER)
             )
             if queued >= settings.GATEWAY_QUEUE_MAX:
                 return SendOutcome("queue_full", None, session)
+            # a steer the run cannot take now waits for the run's end, as a follow-up
+            if req.queue_mode == STEER and req.steerable and steering.can_take(session, active):
+                steer = steering.queue_steer(session, base, actor=actor)
+                _admitted(req, steer)
+                return SendOutcome("steered", steer, session, steered_into=active)
             run = statements.insert(Run(state=RunState.QUEUED, queue_seq=next_queue_seq(session), stream_seq=1, **base))
             return _queued(req, run, session, actor)
 
@@ -167,7 +179,8 @@ def _fields(req: SendRequest, session: ChatSession) -> dict[str, Any]:
         body_hash=req.body_hash,
         attachments=req.attachments,
         timeout_ms=req.timeout_ms,
-        queue_mode=req.queue_mode,
+        # a steer is stored `steer` only while it waits for the active run (`steering.queue_steer`)
+        queue_mode="followup" if req.queue_mode == STEER else req.queue_mode,
         created_by_id=req.owner_id,
         surface=req.surface,
         request=req.request,
@@ -182,8 +195,7 @@ def _admit_seen(req: SendRequest, session: ChatSession, *, owner_process: str, a
     more than the row: an interrupt, a queue that may be full): admission under the lock decides."""
     queue = statements.known_queue(session)
     if queue is None or (
-        session.active_run_id is not None
-        and (req.queue_mode == "interrupt" or len(queue) >= settings.GATEWAY_QUEUE_MAX)
+        session.active_run_id is not None and (req.queue_mode != "followup" or len(queue) >= settings.GATEWAY_QUEUE_MAX)
     ):
         return None
     if session.active_run_id is None:

@@ -55,6 +55,8 @@ export function stopLabel(reason) {
     case "interrupt":
     case "steer":
       return "Interrupted by a newer message";
+    case "steered":
+      return "Delivered into the running reply";
     case "reset":
       return "Stopped: session reset";
     case "delete":

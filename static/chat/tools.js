@@ -16,7 +16,7 @@ import { TERMINAL_PHASES, effect, inTranscript, runOf } from "./model.js";
 import { failureText } from "./texts.js";
 
 /** Terminal states of a tool call (§13.2); `client`: a call of an API client's own tool, handed to it, never run here. */
-export const TOOL_TERMINAL = new Set(["succeeded", "failed", "denied", "expired", "cancelled", "unknown", "client"]);
+export const TOOL_TERMINAL = new Set(["succeeded", "failed", "denied", "expired", "cancelled", "unknown", "client", "skipped"]);
 /** States of a call still going on. */
 export const TOOL_OPEN = new Set(["running", "pending_approval"]);
 /** Decisions a user may send (`plugin.approval.resolve`). */

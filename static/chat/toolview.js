@@ -50,6 +50,7 @@ const STATUS_LABELS = {
   cancelled: "Cancelled",
   unknown: "Outcome unknown: the tool was not run again",
   client: "Handed to the API client",
+  skipped: "Skipped",
   ended: "Ended with the run",
 };
 

@@ -50,6 +50,8 @@ def ack_status(admitted: SendOutcome) -> AckStatus:
         return replay_ack(admitted.run)
     if admitted.admission == "rejected":
         return AckStatus.ERROR
+    if admitted.admission == "steered":
+        return AckStatus.STARTED  # the active run's id, `steered: true` (`ack_payload`)
     return AckStatus(admitted.admission)
 
 

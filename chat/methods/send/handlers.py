@@ -26,6 +26,8 @@ def _ack_reply(conn: Conn, admitted: SendOutcome, status: AckStatus | None = Non
     session, run = admitted.session, admitted.run
     assert run is not None
     status = status or send_acks.ack_status(admitted)
+    if admitted.steered_into is not None:
+        return _steered_reply(conn, admitted)
     conn.state.track_run(
         run.pk,
         terminal=status in send_acks.TERMINAL_ACKS,
@@ -46,17 +48,39 @@ def _ack_reply(conn: Conn, admitted: SendOutcome, status: AckStatus | None = Non
     return Reply(payload)
 
 
+def _steered_reply(conn: Conn, admitted: SendOutcome) -> Reply:
+    """The ack of a steer the active run is to take: `started` with that run's id and `steered: true`,
+    and the steer's own id (`steerRunId`: what `chat.abort` withdraws it by while it waits). This
+    connection follows both: the run, and the steer should it become a follow-up."""
+    session, steer, active = admitted.session, admitted.run, admitted.steered_into
+    assert steer is not None and active is not None
+    for run in (active, steer):
+        conn.state.track_run(
+            run.pk, terminal=False, run_id=run.run_id, session_key=session.key, session_id=str(run.session_generation)
+        )
+    return Reply(
+        send_acks.ack_payload(
+            active, AckStatus.STARTED, session.key, str(session.session_id), steered=True, steerRunId=steer.run_id
+        )
+    )
+
+
 async def _send(conn: Conn, params: dict[str, Any], *, steer: bool) -> Reply:
     send = send_params.parse_chat_send(params)
     if steer:
-        send.queue_mode, send.steer = "interrupt", True
+        send.queue_mode, send.steer = "steer", True
     if send.command is not None:
         return await command(conn, send, announce=True)
     if send.wait_ms > 0:
         check_held(conn, "waitMs")
     admitted = await admit(conn.state.user_id, send)
     reply = _ack_reply(conn, admitted)
-    if send.wait_ms > 0 and admitted.run is not None and send_acks.ack_status(admitted) in send_acks.LIVE_ACKS:
+    if (
+        send.wait_ms > 0
+        and admitted.run is not None
+        and admitted.steered_into is None  # a steer's ack is not held: its run is another's
+        and send_acks.ack_status(admitted) in send_acks.LIVE_ACKS
+    ):
         return Reply(wait=lambda: _held_ack(conn, admitted, send))
     return reply
 

@@ -22,7 +22,8 @@ from chat.protocol.keys import session_key_param
 from sessions_app.models import Run, RunSurface, SessionKind
 
 MIME_RE = re.compile(r"(image|text)/[A-Za-z0-9.+-]+")
-# chat.send's queueMode values; `steer` is OpenClaw's name for what sessions.steer does here.
+# chat.send's queueMode values: `steer` delivers the message into the session's working run (as
+# sessions.steer does), `interrupt` stops that run and starts the message (docs/protocol-notes.md, "Steering").
 QUEUE_MODES = ("followup", "interrupt", "steer")
 
 
@@ -101,8 +102,8 @@ class ChatSendParams:
     timeout_ms: int = 600_000
     wait_ms: int = 0
     queue_mode: str = "followup"
-    # A steer (sessions.steer, or queueMode "steer"): queue mode interrupt, the active run stopped
-    # with stopReason `steer`.
+    # A steer (sessions.steer, or queueMode "steer"): delivered into the active run when it can take it
+    # (`lifecycle.steering`), else queued as a follow-up.
     steer: bool = False
     # An inline command (§4): its name ("/think"), and for /think, /verbose and /model the value it
     # sets, validated ("" = back to the default; None = no argument: report the current value);
@@ -173,7 +174,7 @@ def parse_chat_send(params: dict[str, Any]) -> ChatSendParams:
         attachments=attachments,
         timeout_ms=timeout_ms or settings.GATEWAY_DEFAULT_TIMEOUT_MS,
         wait_ms=wait_ms or 0,
-        queue_mode="interrupt" if steer else queue_mode,
+        queue_mode=queue_mode,
         steer=steer,
         command=command[0] if command else None,
         command_arg=command[1] if command else None,

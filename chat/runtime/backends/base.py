@@ -109,6 +109,11 @@ class AgentBackend(ABC):
         """Whether this run will reach the agent's MCP servers (they are checked before the ack)."""
         return bool(self.config.get("mcp_servers"))
 
+    def takes_steering(self, message: str) -> bool:
+        """Whether its runs take steering messages (docs/protocol-notes.md, "Steering"): at the
+        boundaries of their steps; a backend that says no has each steer wait as a follow-up."""
+        return False
+
     @abstractmethod
     async def start(self, ctx: RunContext) -> AsyncIterator[str]:
         """Dispatch phase: get ready and return the text stream. Raise DispatchError on failure.

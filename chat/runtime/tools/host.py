@@ -29,11 +29,13 @@ from django.utils import timezone
 from chat.base.db import db_read, db_write
 from chat.delivery.broadcaster import broadcaster, tool_message
 from chat.protocol import run_events
+from chat.runtime.steering import SteerInbox
 from chat.runtime.tools.config import ToolConfig, ToolSpec, allowed_collision, config_error, tool_config
 from chat.runtime.tools.pool import pool
 from chat.runtime.tools.results import ToolServerError, cap_result
 from sessions_app import gateway_reads
 from sessions_app.lifecycle import toolcalls
+from sessions_app.lifecycle.steering import SKIPPED_TEXT
 from sessions_app.models import ApprovalDecision, Run, ToolApproval, ToolCall, ToolCallState, ToolErrorKind
 
 log = logging.getLogger(__name__)
@@ -120,6 +122,8 @@ class ToolHost:
         self.limit_reached = False
         # what must be written before a step's calls are (the run's `running`: `RunExecutor._started`)
         self.before_writes: Callable[[], Awaitable[Any]] | None = None
+        # the steering messages the run takes between its steps (docs/protocol-notes.md, "Steering")
+        self.steering = SteerInbox(run, db_wait)
 
     @property
     def configured(self) -> bool:
@@ -156,11 +160,17 @@ class ToolHost:
 
     # --- one step's calls -------------------------------------------------------------------
 
-    async def run_calls(self, step: int, calls: list[ModelCall], reply_offset: int) -> list[ToolResult]:
+    async def run_calls(
+        self, step: int, calls: list[ModelCall], reply_offset: int, reply_text: str = "", *, steerable: bool = False
+    ) -> list[ToolResult]:
         """Record the step's calls, then carry each to its end, in order; their outcomes as committed.
 
         Calls past `max_tool_calls` end `failed` without running, and `limit_reached` tells the
-        backend to stop (stopReason `tool_limit`). Raises CancelledError when the run has ended.
+        backend to stop (stopReason `tool_limit`). Before each call starts, a steering message waiting
+        for the run is taken (`steering`, when the model will be asked again): that call and the
+        rest of the step are not started, each ends `skipped` with a result that says so (only for a
+        backend that asks the model again after the step: `steerable`). Raises
+        CancelledError when the run has ended.
         """
         try:
             await self.load()
@@ -181,10 +191,14 @@ class ToolHost:
         if recorded is None:
             raise asyncio.CancelledError()  # the run ended elsewhere (an abort won)
         self.calls_made += len(recorded)
+        # steers are taken only when the model will be asked again (not at the step limit)
+        steerable = steerable and not self.limit_reached and step < self.config.max_steps
         results = []
         for item, row, asked in zip(checked, recorded, calls, strict=True):
             if item.new.failure is not None:
                 await self._finish(row, ToolCallState.FAILED, item.new.failure, True, item.new.error_kind)
+            elif steerable and await self.steering.take(step, reply_text):
+                await self._finish(row, ToolCallState.SKIPPED, SKIPPED_TEXT, True, ToolErrorKind.SKIPPED)
             else:
                 assert item.spec is not None
                 await self._run_one(row, item.spec, item.args)

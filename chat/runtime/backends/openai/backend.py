@@ -34,6 +34,10 @@ class OpenAIBackend(AgentBackend):
                 return refused
         return None
 
+    def takes_steering(self, message: str) -> bool:
+        # taken between a step's calls and the next request: only a run with tools has such a boundary
+        return self.uses_tools(message)
+
     async def start(self, ctx: RunContext) -> AsyncIterator[str]:
         try:
             settings = self._settings()

@@ -11,6 +11,7 @@ from chat.runtime.backends.base import RunContext, inlined_file
 from chat.runtime.backends.openai.settings import AgentSettings
 from chat.runtime.tools.config import MODEL_NAME_RE
 from chat.runtime.tools.host import ModelCall, ToolResult
+from sessions_app.lifecycle.steering import Delivered
 from sessions_app.models import TOOL_TERMINAL_STATES, ToolCallState
 
 # Text written after tool calls starts a new paragraph of the same reply.
@@ -226,6 +227,11 @@ def step_messages(text: str, calls: list[ModelCall], results: list[ToolResult]) 
         content = _result_text(result.text, result.status) if result else "(no result: the call was not run)"
         messages.append({"role": "tool", "tool_call_id": c.id, "content": content})
     return messages
+
+
+def steer_messages(steers: list[Delivered]) -> list[dict[str, Any]]:
+    """Steering messages the run took, as user messages for its next request, in the order they came."""
+    return [{"role": "user", "content": _with_attachments(s.message, s.attachments)} for s in steers]
 
 
 def _text_between(text: str, start: int, end: int) -> str:

@@ -38,7 +38,7 @@ from chat.base import agents as catalog
 from chat.runtime.backends.base import BackendError, BackendTimeout, DispatchError, RunContext
 from chat.runtime.backends.openai import request_options
 from chat.runtime.backends.openai.clients import client_for
-from chat.runtime.backends.openai.conversation import PARAGRAPH, build_messages, step_messages
+from chat.runtime.backends.openai.conversation import PARAGRAPH, build_messages, steer_messages, step_messages
 from chat.runtime.backends.openai.errors import Failure, classify
 from chat.runtime.backends.openai.settings import AgentSettings, reasoning_effort
 from chat.runtime.backends.openai.tool_calls import StreamedCalls
@@ -85,6 +85,7 @@ class ModelRun:
         self.tool_defs: list[dict[str, Any]] = request_options.client_tool_defs(ctx.request)
         self.step = 1
         self.reply_len = 0  # characters of reply text yielded so far, in all steps
+        self.reply: list[str] = []  # that text (a steer keeps it as a part of its own in the transcript)
         self.call_ids: set[str] = set()  # the model's call ids sent in this run (they must not repeat)
         # this attempt's output: text, tool calls, usage
         self.step_text: list[str] = []
@@ -215,7 +216,13 @@ class ModelRun:
         if not handed and (not own or self.tools is None):
             return False
         await self._close_response()  # read to its end: the connection goes back to the pool
-        results = await self.tools.run_calls(self.step, own, reply_offset=self.reply_len) if own and self.tools else []
+        results = (
+            await self.tools.run_calls(
+                self.step, own, reply_offset=self.reply_len, reply_text="".join(self.reply), steerable=True
+            )
+            if own and self.tools
+            else []
+        )
         if any(r.status in RUN_ENDED_STATES for r in results):
             # Only a run's end gives a call these states (an abort while the call waited
             # for approval returns here before the run's task is cancelled): the run is
@@ -232,6 +239,10 @@ class ModelRun:
         if self.step >= self.tools.config.max_steps or self.tools.limit_reached:
             self.ctx.stop_reason = "tool_limit"  # the model is not asked again
             return False
+        # the steering messages that came during the step, after its calls' results (the last call's
+        # end is a boundary too): the next request is the first to see them
+        await self.tools.steering.take(self.step, "".join(self.reply))
+        self.messages.extend(steer_messages(self.tools.steering.drain()))
         self.step += 1
         self.retries_left = self.settings.max_retries  # the retry rules apply per request
         await self.open(before_start=False)
@@ -320,6 +331,7 @@ class ModelRun:
         out = (PARAGRAPH if self.step > 1 and not self.step_text and self.reply_len else "") + text
         self.step_text.append(text)
         self.reply_len += len(out)
+        self.reply.append(out)
         return out, produced, finished
 
     # --- timeouts and cleanup -----------------------------------------------------------------------
