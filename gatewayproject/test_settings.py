@@ -1,6 +1,7 @@
 """Test settings: the production settings with fast hashing and a file-backed test DB."""
 
 import os
+import tempfile
 
 from gatewayproject.settings import *  # noqa: F403
 from gatewayproject.settings import DATABASES
@@ -12,3 +13,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / f"test_db_{os.getpid()}.sqlite3")}  # noqa: F405
 GATEWAY_REPAIR_SECONDS = 1.0
 GATEWAY_HEARTBEAT_SECONDS = 1.0
+# Stored files go to a directory of this process's own, never the project folder.
+STORAGES["attachments"] = {  # noqa: F405
+    "BACKEND": "django.core.files.storage.FileSystemStorage",
+    "OPTIONS": {"location": tempfile.mkdtemp(prefix="agentgate-files-")},
+}
