@@ -232,7 +232,6 @@ def _admit_failed(session: ChatSession, base: dict[str, Any], error: str, actor:
         stream_seq=1,
         **base,
     )
-    files.link_run(run)
     changed = False
     if session.active_run_id is None:
         # `running` iff an active run: a failed side-send never masks a live run.
