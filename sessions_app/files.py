@@ -187,29 +187,40 @@ def _walk(store: Storage, folder: str) -> Iterator[str]:
 
 
 def orphans(
-    *, dry_run: bool = False, now: datetime | None = None, progress: Callable[[str, int], None] | None = None
+    *,
+    dry_run: bool = False,
+    now: datetime | None = None,
+    progress: Callable[[str, int], Callable[[int], None] | None] | None = None,
 ) -> OrphanReport:
     """Find (and unless `dry_run` remove) unused old files and stray bytes; report rows without bytes.
 
-    `progress(stage, n)` is called as each stage handles items (`rows`, `bytes`)."""
+    `progress(stage, total)` may return a callback advanced as each stage handles its items
+    (`unused files`, then `stored bytes`)."""
     report = OrphanReport(dry_run=dry_run)
     cutoff = (now or timezone.now()) - timedelta(hours=settings.GATEWAY_FILE_ORPHAN_HOURS)
     store = storage()
-    for stored in StoredFile.objects.filter(uses__isnull=True, created_at__lt=cutoff).iterator():
+    unused = list(StoredFile.objects.filter(uses__isnull=True, created_at__lt=cutoff))
+    step = progress("unused files", len(unused)) if progress is not None else None
+    for stored in unused:
         report.unused_rows.append(stored.file_id)
         if not dry_run:
             _delete([stored])
-        if progress is not None:
-            progress("rows", 1)
+        if step is not None:
+            step(1)
+    names = list(_walk(store, FOLDER))
     known = set(StoredFile.objects.values_list("storage_name", flat=True))
-    for name in _walk(store, FOLDER):
+    step = progress("stored bytes", len(names)) if progress is not None else None
+    for name in names:
         if name not in known:
             report.stray_bytes.append(name)
             if not dry_run:
                 _remove_bytes(name)
-        if progress is not None:
-            progress("bytes", 1)
-    for stored in StoredFile.objects.only("file_id", "storage_name").iterator():
-        if not store.exists(stored.storage_name):
-            report.missing_bytes.append(stored.file_id)
+        if step is not None:
+            step(1)
+    present = set(names)
+    report.missing_bytes = [
+        file_id
+        for file_id, name in StoredFile.objects.values_list("file_id", "storage_name")
+        if name not in present and not store.exists(name)
+    ]
     return report
