@@ -31,7 +31,7 @@ def _prepared(owner_id: int, attachments: list[dict[str, Any]]) -> list[dict[str
             if stored is None:
                 raise invalid(
                     f"file {item['fileId']} was not found among your files (upload it with POST /api/files)",
-                    field=f"{item.get('where', 'attachments')}.fileId",
+                    field=item.get("where", "attachments"),
                     reason="unknown-file",
                 )
             out.append(

@@ -47,7 +47,7 @@ def attachment(item: Any, where: str) -> dict[str, Any]:
             raise invalid("fileId must be the id POST /api/files answered", field=f"{where}.fileId")
         if item.get("content") is not None:
             raise invalid("an attachment has either fileId or content, not both", field=f"{where}.content")
-        return {"fileId": file_id, "where": where}
+        return {"fileId": file_id, "where": f"{where}.fileId"}  # `where`: the field an error names
     mime = item.get("mimeType")
     if not isinstance(mime, str) or not MIME_RE.fullmatch(mime):
         raise invalid(
