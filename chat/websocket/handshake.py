@@ -99,13 +99,16 @@ def granted_scopes(requested: list[Any] | None, *, staff: bool, key: frozenset[s
 
 
 def attachment_policy() -> dict[str, Any]:
-    """What a send may attach (docs/files.md): inline within `maxPayload`, larger through `POST /api/files`."""
+    """What a send may attach (docs/files.md): `attachments` exactly as OpenClaw's schema closes it
+    ({maxBytes, maxImageBytes}); the rest beside it (inline within `maxPayload`, larger by upload)."""
     return {
+        "attachments": {
+            "maxBytes": settings.GATEWAY_MAX_ATTACHMENT_BYTES,
+            "maxImageBytes": min(settings.GATEWAY_MAX_IMAGE_BYTES, settings.GATEWAY_MAX_ATTACHMENT_BYTES),
+        },
         "maxAttachments": settings.GATEWAY_MAX_ATTACHMENTS,
-        "maxBytes": settings.GATEWAY_MAX_ATTACHMENT_BYTES,
-        "maxImageBytes": settings.GATEWAY_MAX_IMAGE_BYTES,
         "maxImagePixels": settings.GATEWAY_MAX_IMAGE_PIXELS,
-        "mimeTypes": list(content.ACCEPTED_TYPES),
+        "attachmentTypes": list(content.ACCEPTED_TYPES),
         "uploadUrl": "/api/files",
     }
 
@@ -129,6 +132,6 @@ def hello_ok(*, conn_id: str, scopes: list[str], username: str, methods: list[st
             "sessionKeyNamePattern": f"^{keys.KEY_NAME_RE.pattern}$",
             "agentIdPattern": f"^{keys.AGENT_ID_RE.pattern}$",
             "idempotencyKeyPattern": f"^{fields.RUN_ID_RE.pattern}$",
-            "attachments": attachment_policy(),
+            **attachment_policy(),
         },
     }
