@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from chat.web import keys, ops, pages
+from chat.web import files, keys, ops, pages
 
 urlpatterns = [
     path("healthz", ops.healthz, name="healthz"),
@@ -13,4 +13,6 @@ urlpatterns = [
     path("logout/", pages.LogoutView.as_view(), name="logout"),
     path("api/keys", keys.index, name="api_keys"),
     path("api/keys/<int:key_id>/revoke", keys.revoke, name="api_key_revoke"),
+    path("api/files", files.upload, name="files_upload"),
+    path("api/files/<str:file_id>", files.read, name="files_read"),
 ]

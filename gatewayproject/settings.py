@@ -260,6 +260,20 @@ STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = BASE_DIR / "staticfiles"
 
+# --- Stored files (uploads and attachments; docs/files.md) -------------------------
+# Bytes go through Django's storage API under the `attachments` alias: the filesystem under the
+# project folder by default. Any django-storages backend (S3-compatible included) is chosen by
+# GATEWAY_FILES_STORAGE (its dotted class) and GATEWAY_FILES_STORAGE_OPTIONS (JSON, its OPTIONS).
+GATEWAY_FILES_STORAGE = env.str("GATEWAY_FILES_STORAGE", default="django.core.files.storage.FileSystemStorage")
+GATEWAY_FILES_STORAGE_OPTIONS = env.json(
+    "GATEWAY_FILES_STORAGE_OPTIONS", default={"location": str(BASE_DIR / "uploads")}
+)
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    "attachments": {"BACKEND": GATEWAY_FILES_STORAGE, "OPTIONS": GATEWAY_FILES_STORAGE_OPTIONS},
+}
+
 # --- Logging ----------------------------------------------------------------------
 # LOG_FORMAT=json: one JSON object per line. Either way every line carries the request,
 # connection and run ids of the code that logged it (gatewayproject.logs), and an
@@ -305,6 +319,14 @@ GATEWAY_VERSION = "0.1.0"
 GATEWAY_MAX_MESSAGE_CHARS = env.int("GATEWAY_MAX_MESSAGE_CHARS", default=32000)
 GATEWAY_MAX_ATTACHMENTS = env.int("GATEWAY_MAX_ATTACHMENTS", default=4)
 GATEWAY_MAX_ATTACHMENT_BYTES = env.int("GATEWAY_MAX_ATTACHMENT_BYTES", default=5 * 1024 * 1024)
+# An image's own limits: its bytes, and its pixels (width x height, read from its header before
+# it is decoded: a larger one, a decompression bomb included, is refused).
+GATEWAY_MAX_IMAGE_BYTES = env.int("GATEWAY_MAX_IMAGE_BYTES", default=5 * 1024 * 1024)
+GATEWAY_MAX_IMAGE_PIXELS = env.int("GATEWAY_MAX_IMAGE_PIXELS", default=40_000_000)
+# The text kept of one document (a PDF's extracted text, a text file's), before any agent's budget.
+GATEWAY_MAX_DOCUMENT_CHARS = env.int("GATEWAY_MAX_DOCUMENT_CHARS", default=500_000)
+# An upload no run uses is an orphan after this long (`manage.py clean_files`).
+GATEWAY_FILE_ORPHAN_HOURS = env.float("GATEWAY_FILE_ORPHAN_HOURS", default=24.0)
 GATEWAY_QUEUE_MAX = env.int("GATEWAY_QUEUE_MAX", default=20)
 GATEWAY_DEFAULT_TIMEOUT_MS = env.int("GATEWAY_DEFAULT_TIMEOUT_MS", default=600_000)
 GATEWAY_MAX_PAYLOAD = env.int("GATEWAY_MAX_PAYLOAD", default=1024 * 1024)

@@ -11,4 +11,7 @@ class SessionsAppConfig(AppConfig):
 
     def ready(self) -> None:
         # Imported here, not at module top: the receivers import models, loaded after app configs.
-        from sessions_app import audit_trail  # noqa: F401  (connects the audit receivers)
+        from sessions_app import (
+            audit_trail,  # noqa: F401  (connects the audit receivers)
+            files,  # noqa: F401  (connects the stored files' receivers)
+        )

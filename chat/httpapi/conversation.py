@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from django.conf import settings
 
 from chat.httpapi.errors import ApiError, bad_request
+from chat.methods.send import attach
 from chat.methods.send.params import attachment
 from chat.protocol.errors import ProtocolError
 from chat.protocol.fields import CONTROL_RE
@@ -32,6 +33,7 @@ from sessions_app.run_requests import ClientTool, RunRequest, ToolResult
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 INSTRUCTION_ROLES = ("system", "developer")
+PENDING = "pending"  # a part naming a stored file, its kind known once `resolve_files` reads it
 DATA_URL_RE = re.compile(r"data:([A-Za-z0-9.+/-]+);base64,(.*)", re.DOTALL)
 
 
@@ -80,7 +82,12 @@ def _checked_parts(content: Any, where: str, found: list[tuple[str, str]]) -> st
             continue
         found.append((attachment_kind(item), at))
         if item["text"] is not None:
-            parts.append({"type": "text", "text": ("\n\n" if j else "") + inlined_file(item["fileName"], item["text"])})
+            parts.append(
+                {
+                    "type": "text",
+                    "text": ("\n\n" if j else "") + inlined_file(item["fileName"], item["text"], item["mimeType"]),
+                }
+            )
         elif part["type"] == "file":
             parts.append({"type": "image_url", "image_url": {"url": part["file"]["file_data"]}})
         else:
@@ -95,11 +102,12 @@ def _text_part(part: Any, where: str) -> dict[str, Any]:
     return dict(part)
 
 
-def _attachment(part: Any, where: str) -> dict[str, Any] | None:
+def _attachment(part: Any, where: str, ids: bool = False) -> dict[str, Any] | None:
     """An image or file part as an attachment (checked within the limits of §4); None for another part.
 
     Both come inline as `data:` URLs (base64): an `image_url` part's url, a `file` part's `file_data`
-    (with its `filename`). Links are not fetched and file ids name nothing here."""
+    (with its `filename`); in the new message (`ids`) a file part may name an uploaded file by its
+    `file_id` (`POST /api/files`), resolved for the caller by `resolve_files`. Links are not fetched."""
     kind = part.get("type") if isinstance(part, dict) else None
     if kind == "image_url":
         image = part.get("image_url")
@@ -110,8 +118,15 @@ def _attachment(part: Any, where: str) -> dict[str, Any] | None:
         return None
     file = part.get("file")
     if not isinstance(file, dict):
-        raise bad_request("a file part needs its file: {file_data, filename}", f"{where}.file")
-    wrong = "files must be sent as file_data, a data: URL (data:<type>;base64,...); file ids and links are not read"
+        raise bad_request("a file part needs its file: {file_data, filename} or {file_id}", f"{where}.file")
+    if file.get("file_id") is not None and file.get("file_data") is None:
+        if not ids:
+            raise bad_request("file ids are read in the new message only; earlier ones send file_data", f"{where}.file")
+        try:
+            return {**attachment({"fileId": file["file_id"]}, where), "where": f"{where}.file.file_id"}
+        except ProtocolError as exc:
+            raise bad_request(exc.message, f"{where}.file.file_id") from exc
+    wrong = "files must be sent as file_data, a data: URL (data:<type>;base64,...), or as a file_id of POST /api/files"
     return _decoded(file.get("file_data"), file.get("filename"), f"{where}.file.file_data", wrong)
 
 
@@ -131,12 +146,12 @@ def _new_input(content: Any, where: str, found: list[tuple[str, str]]) -> tuple[
     if isinstance(content, list):
         texts, attached = [], []
         for j, part in enumerate(content):
-            item = _attachment(part, f"{where}[{j}]")
+            item = _attachment(part, f"{where}[{j}]", ids=True)
             if item is None:
                 texts.append(_text_part(part, f"{where}[{j}]")["text"])
             else:
                 attached.append(item)
-                found.append((attachment_kind(item), f"{where}[{j}]"))
+                found.append((attachment_kind(item) if "sha256" in item else PENDING, f"{where}[{j}]"))
         text = "\n".join(texts)
     else:
         text, attached = _text_of(content, where), []
@@ -155,9 +170,22 @@ def check_taken(convo: Conversation, agent_id: str) -> None:
     before anything is admitted (§14.3)."""
     backend = get_backend(agent_id)
     for kind, param in convo.parts:
-        refused = backend.refusal(kind) if backend is not None else None
+        refused = backend.refusal(kind) if backend is not None and kind != PENDING else None
         if refused is not None:
             raise bad_request(refused, param, "unsupported_content")
+
+
+async def resolve_files(convo: Conversation, owner_id: int, agent_id: str) -> None:
+    """The new message's files named by id, resolved for their owner (another's is a 400 naming the
+    part), inline images stored: as `chat.send` does; then what they are is checked as `check_taken` does."""
+    waiting = [i for i, item in enumerate(convo.attachments) if "sha256" not in item]
+    try:
+        convo.attachments = await attach.prepare(owner_id, convo.attachments)
+    except ProtocolError as exc:
+        raise bad_request(exc.message, str(exc.details.get("field") or "messages"), "file_not_found") from exc
+    kinds = iter([attachment_kind(convo.attachments[i]) for i in waiting])
+    convo.parts = [(next(kinds) if kind == PENDING else kind, param) for kind, param in convo.parts]
+    check_taken(convo, agent_id)
 
 
 def _message(raw: Any, i: int) -> dict[str, Any]:

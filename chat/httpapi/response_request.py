@@ -90,10 +90,13 @@ def _parts(content: Any, where: str) -> tuple[str | list[dict[str, Any]], list[d
         at = f"{where}[{j}]"
         if kind in TEXT_PARTS and isinstance(part.get("text"), str):
             chat.append({"type": "text", "text": part["text"]})
+        elif kind == "input_image" and part.get("image_url") is None and part.get("file_id") is not None:
+            # an uploaded image (POST /api/files), read as a file part naming it
+            chat.append({"type": "file", "file": {"file_id": part.get("file_id")}})
         elif kind == "input_image":
             url = part.get("image_url")
             if not isinstance(url, str):
-                raise bad_request("images are sent as data: URLs in image_url (file ids are not kept here)", at)
+                raise bad_request("images are sent as data: URLs in image_url, or as a file_id of POST /api/files", at)
             chat.append({"type": "image_url", "image_url": {"url": url}})
         elif kind == "input_file":
             # read (or refused, naming this part) where the messages are read, as a Chat Completions file

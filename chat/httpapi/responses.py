@@ -17,7 +17,7 @@ from chat.base.db import db_read, db_write
 from chat.httpapi import runs
 from chat.httpapi.auth import require
 from chat.httpapi.client_tools import check_clash
-from chat.httpapi.conversation import Conversation, read_messages, run_request, unknown_call
+from chat.httpapi.conversation import Conversation, read_messages, resolve_files, run_request, unknown_call
 from chat.httpapi.errors import ApiError, bad_request, from_protocol
 from chat.httpapi.follow import Follower
 from chat.httpapi.http import Answer, JsonAnswer, Request
@@ -78,6 +78,7 @@ async def create_response(req: Request) -> Answer:
     where = _target(req, ask, agent_id, key, previous)
     try:
         convo = read_messages(ask.messages, named=where.named, agent_id=agent_id)
+        await resolve_files(convo, req.user.user_id, agent_id)
     except ApiError as error:
         raise renamed(error, ask.sources) from None
     await _check_tools(agent_id, ask)

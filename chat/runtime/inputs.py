@@ -9,7 +9,7 @@ from typing import Any
 from chat.base import agents
 from chat.runtime.backends import RunContext
 from chat.runtime.tools.config import model_name
-from sessions_app import gateway_reads
+from sessions_app import files, gateway_reads
 from sessions_app.models import Run, SessionKind, ToolCall, ToolCallState
 from sessions_app.run_requests import RunRequest
 
@@ -49,12 +49,15 @@ def transcript(run: Run, window: int) -> list[dict[str, Any]]:
     handed = any(c.state == ToolCallState.CLIENT for found in calls.values() for c in found)
     asked = {m.run_id for m in messages if m.role == "user" and m.run_id}
     requests = gateway_reads.requests_of(asked) if handed or run.session.kind == SessionKind.API else {}
+    attached = files.attachments_of(asked - {run.pk}) if asked - {run.pk} else {}
     out = []
     for m in messages:
         item: dict[str, Any] = {"role": m.role, "text": m.text, "aborted": m.aborted, "run": m.run_id}
         request = requests.get(m.run_id) if m.role == "user" and m.run_id else None
         if request is not None and request.context:
             item["context"] = request.context
+        if m.role == "user" and m.run_id in attached:
+            item["attachments"] = attached[m.run_id]  # an earlier turn's images and documents, sent again
         if request is not None and request.tool_results:
             item["results"] = {r.call_id: r.output for r in request.tool_results}
         if m.role == "assistant" and m.run_id in calls:

@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 
 from chat.base import availability, health
 from chat.runtime.registry import connections as gateway_connections
-from sessions_app import gateway_reads, operator_reads
+from sessions_app import files, gateway_reads, operator_reads
 from sessions_app.operations.dbcheck import probe_database
 from sessions_app.process import live_process_ids
 
@@ -30,7 +30,10 @@ log = logging.getLogger(__name__)
 def _database_gauges() -> dict[str, tuple[str, float]]:
     live = live_process_ids()
     active, queued = gateway_reads.open_run_counts()  # the figures `health` gives an admin
+    stored, stored_bytes = files.stored_totals()
     return {
+        "agentgate_stored_files": ("Files kept in the attachments storage (uploads and attachments).", stored),
+        "agentgate_stored_file_bytes": ("Bytes of the files kept in the attachments storage.", stored_bytes),
         "agentgate_active_runs": ("Runs dispatching or running (all processes).", active),
         "agentgate_queued_runs": ("Runs waiting behind an active run (all processes).", queued),
         "agentgate_stuck_sessions": (

@@ -7,6 +7,7 @@ from typing import Any
 
 from django.conf import settings
 
+from chat.files import content
 from chat.protocol import fields, frames, keys
 from chat.protocol.errors import ProtocolError, invalid
 from chat.protocol.scopes import Scope
@@ -97,6 +98,21 @@ def granted_scopes(requested: list[Any] | None, *, staff: bool, key: frozenset[s
     return [s for s in ORDER if s in wanted and (staff or s != Scope.ADMIN.value) and (key is None or s in key)]
 
 
+def attachment_policy() -> dict[str, Any]:
+    """What a send may attach (docs/files.md): `attachments` exactly as OpenClaw's schema closes it
+    ({maxBytes, maxImageBytes}); the rest beside it (inline within `maxPayload`, larger by upload)."""
+    return {
+        "attachments": {
+            "maxBytes": settings.GATEWAY_MAX_ATTACHMENT_BYTES,
+            "maxImageBytes": min(settings.GATEWAY_MAX_IMAGE_BYTES, settings.GATEWAY_MAX_ATTACHMENT_BYTES),
+        },
+        "maxAttachments": settings.GATEWAY_MAX_ATTACHMENTS,
+        "maxImagePixels": settings.GATEWAY_MAX_IMAGE_PIXELS,
+        "attachmentTypes": list(content.ACCEPTED_TYPES),
+        "uploadUrl": "/api/files",
+    }
+
+
 def hello_ok(*, conn_id: str, scopes: list[str], username: str, methods: list[str]) -> dict[str, Any]:
     return {
         "type": "hello-ok",
@@ -116,5 +132,6 @@ def hello_ok(*, conn_id: str, scopes: list[str], username: str, methods: list[st
             "sessionKeyNamePattern": f"^{keys.KEY_NAME_RE.pattern}$",
             "agentIdPattern": f"^{keys.AGENT_ID_RE.pattern}$",
             "idempotencyKeyPattern": f"^{fields.RUN_ID_RE.pattern}$",
+            **attachment_policy(),
         },
     }

@@ -21,6 +21,7 @@ from sessions_app.admin.common import (
     timeline_table,
     too_many,
 )
+from sessions_app.admin.files import attachment_list
 from sessions_app.admin.toolcalls import tool_call_table
 from sessions_app.lifecycle import sessions as session_services
 from sessions_app.models import (
@@ -185,8 +186,8 @@ class RunAdmin(RowAnnotationsMixin, admin.ModelAdmin):
 
     @admin.display(description="attachments")
     def attachments_summary(self, obj: Run) -> str:
-        items = obj.attachments or []
-        return ", ".join(f"{a.get('fileName') or '-'} ({a.get('mimeType')})" for a in items) or "-"
+        """Each attachment: its name, type and size, and a link to read a stored file's bytes."""
+        return attachment_list(obj.attachments or [])
 
     @admin.display(description="HTTP request")
     def http_request(self, obj: Run) -> str:

@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from sessions_app import gateway_reads, statements
+from sessions_app import files, gateway_reads, statements
 from sessions_app.lifecycle import steering
 from sessions_app.lifecycle.core import (
     OUTCOME_FIELDS,
@@ -228,6 +228,7 @@ def _queued(req: SendRequest, run: Run, session: ChatSession, actor: str) -> Sen
 
 
 def _admitted(req: SendRequest, run: Run) -> None:
+    files.link_run(run)  # the stored files its attachments name are in use while it is kept
     if req.on_admitted is not None:
         req.on_admitted(run)
 

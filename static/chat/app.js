@@ -4,6 +4,7 @@
 // All protocol decisions live in the pure state modules (state.js and the modules of its table);
 // the browser modules carry out their effects (effects.js, gateway.js) and draw (render.js).
 
+import { wireAttachments } from "./attachments.js";
 import { autosize, setComposer } from "./composer.js";
 import { conversation } from "./conversation.js";
 import { runEffect } from "./effects.js";
@@ -58,6 +59,7 @@ els.composer.addEventListener("input", () => {
   dispatch({ type: "draft/set", key: state.currentKey, text: els.composer.value });
 });
 els.stop.addEventListener("click", stopRuns);
+wireAttachments();
 els.messageList.addEventListener("click", (ev) => {
   const button = ev.target.closest("button");
   if (!button || !els.messageList.contains(button)) return;
@@ -147,7 +149,8 @@ Object.defineProperty(window, "agentgate", { value: { get state() { return state
 // the same idempotency key (the server answers a resend of one that did go out with its ack).
 for (const item of stored.load("outbox", [])) {
   if (item && typeof item.key === "string" && typeof item.runId === "string" && typeof item.text === "string") {
-    dispatch({ type: "send/request", key: item.key, runId: item.runId, text: item.text, restored: true });
+    const attachments = Array.isArray(item.attachments) ? item.attachments.filter((a) => a && typeof a.fileId === "string") : [];
+    dispatch({ type: "send/request", key: item.key, runId: item.runId, text: item.text, attachments, restored: true });
   }
 }
 setComposer(state.drafts[state.currentKey] || "");

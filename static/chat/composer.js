@@ -1,5 +1,6 @@
 // The composer: its text, its height, and the Send / Stop buttons and status line under it.
 
+import { attached, attachmentsBlock } from "./attachments.js";
 import { setAttr, setText } from "./dom.js";
 import { activity } from "./runs.js";
 import { scheduleRender, state } from "./store.js";
@@ -24,10 +25,14 @@ export function renderComposer() {
   const act = activity(state, state.currentKey);
   els.stop.hidden = !act.active;
   els.stop.disabled = page.stopping;
-  els.send.disabled = !els.composer.value.trim();
+  const blocked = attachmentsBlock();
+  els.send.disabled = Boolean(blocked) || (!els.composer.value.trim() && attached.length === 0);
   let text = "";
   let kind = "";
-  if (state.conn.status !== "online" && act.pending) {
+  if (blocked) {
+    text = blocked;
+    kind = blocked === "Uploading…" ? "" : "warn";
+  } else if (state.conn.status !== "online" && act.pending) {
     text = "Offline: your message goes out when the connection is back.";
     kind = "warn";
   } else if (act.active) {

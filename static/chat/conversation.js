@@ -29,7 +29,7 @@ function assistantFromRun(run, inTranscript = false) {
 
 function userFromRun(run) {
   if (run.userText == null) return null;
-  const base = { id: `u:${run.id}`, role: "user", runId: run.id, text: run.userText };
+  const base = { id: `u:${run.id}`, role: "user", runId: run.id, text: run.userText, attachments: run.attachments || [] };
   if (run.phase === "sending") return { ...base, state: "sending" };
   if (run.phase === "queued") return { ...base, state: "queued", position: run.position };
   if (run.phase === "error" && run.rejected) {

@@ -1,6 +1,7 @@
 // What the user does to messages: send, retry, edit, copy, stop, cancel a queued one, and decide an
 // approval. Browser only.
 
+import { attached, attachmentsBlock, takeAttachments } from "./attachments.js";
 import { setComposer } from "./composer.js";
 import { editTarget, retryTarget } from "./conversation.js";
 import { reportFailure } from "./failures.js";
@@ -20,14 +21,16 @@ function newRunId() {
 /** Send the composer's text as a message of the open session. */
 export function sendComposer() {
   const text = els.composer.value;
-  if (!text.trim()) return;
+  if (attachmentsBlock()) return; // an upload still going, or one that failed: the message stays
+  if (!text.trim() && attached.length === 0) return;
   const max = state.policy.maxMessageChars;
   if (text.length > max) {
     dispatch({ type: "notice", text: `Messages are limited to ${max} characters.` });
     return;
   }
   page.stickToBottom = true;
-  dispatch({ type: "send/request", key: state.currentKey, runId: newRunId(), text });
+  const attachments = takeAttachments();
+  dispatch({ type: "send/request", key: state.currentKey, runId: newRunId(), text, attachments });
   els.composer.focus();
 }
 

@@ -2,6 +2,7 @@
 // message bubble with its status line, run details and actions, or a tool card (toolcard.js); the
 // scroll position, and the approval countdowns. Browser only.
 
+import { chip } from "./attachments.js";
 import { conversation, editTarget, retryTarget } from "./conversation.js";
 import { setAttr, setText } from "./dom.js";
 import { renderMarkdown } from "./markdown.js";
@@ -123,6 +124,25 @@ function updateFoot(foot, item, { retry, edit }) {
   foot.hidden = [...foot.children].every((child) => child.hidden);
 }
 
+/** A user message's files, under its text: thumbnails of images, chips with name and size. */
+function updateAttachments(el, item) {
+  const files = item.attachments || [];
+  const signature = files.map((a) => a.fileId).join(",");
+  let box = el.querySelector(":scope > .msg-attachments");
+  if ((box ? box.dataset.sig : "") === signature) return;
+  if (!box) {
+    box = document.createElement("div");
+    box.className = "attachments msg-attachments";
+    box.dataset.testid = "message-attachments";
+    el.append(box); // after the text and the status line, which keep their places (children 0 and 1)
+  }
+  box.dataset.sig = signature;
+  box.replaceChildren(
+    ...files.map((a) => chip(document, { name: a.fileName || a.fileId, size: a.size, mime: a.mimeType, src: `/api/files/${encodeURIComponent(a.fileId)}` })),
+  );
+  box.hidden = files.length === 0;
+}
+
 /** Bring `row` up to date with conversation item `item` of session `key`. */
 function updateMessageRow(row, item, { key, retry, edit, now }) {
   row.dataset.itemId = item.id;
@@ -136,6 +156,7 @@ function updateMessageRow(row, item, { key, retry, edit, now }) {
   setAttr(el, "data-state", item.state);
   setAttr(el, "data-run-id", item.runId || "");
   setAttr(el, "data-position", item.position ? String(item.position) : "");
+  updateAttachments(el, item);
   const body = el.children[0];
   if (body.dataset.testid === "markdown") renderMarkdown(body, item.text, { final: item.state !== "streaming" });
   else setText(body, item.text);

@@ -2,6 +2,7 @@
 // status, the header of the open session and the notice here; the sidebar, the conversation and the
 // composer in their own modules.
 
+import { renderAttachments } from "./attachments.js";
 import { renderComposer } from "./composer.js";
 import { setText } from "./dom.js";
 import { renderMessages } from "./messages.js";
@@ -19,6 +20,7 @@ export function render() {
   renderHeader();
   renderMessages();
   renderComposer();
+  renderAttachments();
   renderNotice();
   const hash = `#${state.currentKey}`;
   if (location.hash !== hash) history.replaceState(null, "", hash);

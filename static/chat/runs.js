@@ -13,6 +13,7 @@ export function newRun(s, key, runId, fields) {
     key,
     sessionId: null,
     userText: null,
+    attachments: [], // the files a send of this page names: {fileId, fileName, mimeType, size}
     phase: "started",
     text: "",
     seq: 0,

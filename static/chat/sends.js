@@ -127,7 +127,8 @@ function onSendFailed(s, { key, runId, error }) {
 function onSendRequest(s, action) {
   const key = canonicalKey(action.key, "main", s.policy) || s.currentKey;
   if (s.runs[runKey(key, action.runId)]) return;
-  putRun(s, newRun(s, key, action.runId, { phase: "sending", userText: action.text, own: true }));
+  const attachments = Array.isArray(action.attachments) ? action.attachments : [];
+  putRun(s, newRun(s, key, action.runId, { phase: "sending", userText: action.text, own: true, attachments }));
   if (!action.restored && !action.keepDraft) {
     s.drafts = { ...s.drafts, [key]: "" };
     effect(s, { type: "draft", key });

@@ -10,7 +10,7 @@ export function storedOutbox(state) {
   return Object.values(state.runs)
     .filter((r) => r.own && r.phase === "sending" && r.userText != null)
     .sort((a, b) => a.order - b.order)
-    .map((r) => ({ key: r.key, runId: r.id, text: r.userText }));
+    .map((r) => ({ key: r.key, runId: r.id, text: r.userText, ...(r.attachments && r.attachments.length ? { attachments: r.attachments } : {}) }));
 }
 
 /** The drafts worth keeping across a reload (non-empty ones). */

@@ -30,6 +30,22 @@ async def test_hello_ok_shape(alice):
         "sessionKeyNamePattern": "^[A-Za-z0-9._:-]{1,200}$",
         "agentIdPattern": "^[A-Za-z0-9_-]{1,64}$",
         "idempotencyKeyPattern": "^[A-Za-z0-9._:-]{1,128}$",
+        "attachments": {"maxBytes": 5 * 1024 * 1024, "maxImageBytes": 5 * 1024 * 1024},
+        "maxAttachments": 4,
+        "maxImagePixels": 40_000_000,
+        "attachmentTypes": [
+            "image/png",
+            "image/jpeg",
+            "image/gif",
+            "image/webp",
+            "image/bmp",
+            "text/plain",
+            "text/markdown",
+            "text/csv",
+            "application/json",
+            "application/pdf",
+        ],
+        "uploadUrl": "/api/files",
     }
     assert "chat.send" in hello["features"]["methods"] and "sessions.changed" in hello["features"]["events"]
     assert c.events[0]["seq"] == 1 and set(c.events[0]["payload"]) == {"nonce", "ts"}

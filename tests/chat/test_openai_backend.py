@@ -118,7 +118,9 @@ def test_check_setup_refuses_what_cannot_work(monkeypatch):
     assert "base_url must be an http:// or https:// URL" in (no_scheme.check_setup("hi", []) or "")
     ok = OpenAIBackend("llm", {"backend": "openai", "model": "m"})
     assert ok.check_setup("hi", [{"mimeType": "text/plain", "fileName": None, "text": "x"}]) is None
-    assert "only text attachments" in (ok.check_setup("hi", [{"mimeType": "image/png", "text": None}]) or "")
+    assert "not marked `vision: true`" in (ok.check_setup("hi", [{"mimeType": "image/png", "text": None}]) or "")
+    seeing = OpenAIBackend("llm", {"backend": "openai", "model": "m", "vision": True})
+    assert seeing.check_setup("hi", [{"mimeType": "image/png", "text": None}]) is None
 
 
 # --- finish reasons are not errors ----------------------------------------------------------------

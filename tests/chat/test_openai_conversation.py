@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from chat.runtime.backends import RunContext
+from chat.runtime.backends.attached import wrapped_document
 from chat.runtime.backends.openai.conversation import build_messages
 from chat.runtime.backends.openai.settings import AgentSettings
 from sessions_app.run_requests import RunRequest, ToolResult
@@ -50,7 +51,7 @@ def test_only_the_transcript_up_to_this_runs_message_is_sent_and_text_attachment
     settings = AgentSettings.from_config("llm", {"model": "m"})
     assert build_messages(ctx, settings) == [
         {"role": "user", "content": "first"},
-        {"role": "user", "content": "mine\n\n[notes.txt]\nN1"},
+        {"role": "user", "content": "mine\n\n" + wrapped_document("notes.txt", "text/plain", "N1")},
     ]
 
 

@@ -6,6 +6,7 @@ import pytest
 
 from chat.methods.send import params as send_parsing
 from chat.protocol.errors import ProtocolError
+from tests.support import files as made
 from tests.support.db import send_params
 
 
@@ -51,12 +52,18 @@ def test_chat_send_validation(params: dict, field: str, settings: object) -> Non
 
 
 def test_control_chars_are_stripped_and_attachments_sniffed() -> None:
-    png = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\x00" * 8).decode()
+    image = made.png(4, 4)
+    png = base64.b64encode(image).decode()
     parsed = send_parsing.parse_chat_send(
         _send(message="a\x07b\tc\n", attachments=[{"mimeType": "image/png", "content": png, "fileName": "x.png"}])
     )
     assert parsed.message == "ab\tc\n"
-    assert parsed.attachments[0]["size"] == 16 and parsed.attachments[0]["mimeType"] == "image/png"
+    assert parsed.attachments[0]["size"] == len(image) and parsed.attachments[0]["mimeType"] == "image/png"
+    # the magic bytes alone do not make an image: it must be one Pillow can read
+    fake = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\x00" * 8).decode()
+    with pytest.raises(ProtocolError) as refused:
+        send_parsing.parse_chat_send(_send(message="x", attachments=[{"mimeType": "image/png", "content": fake}]))
+    assert refused.value.details["reason"] == "bad-image"
 
 
 def test_empty_message_allowed_with_attachment() -> None:

@@ -218,6 +218,17 @@ describe("offline outbox and drafts", () => {
     assert.deepEqual(storedOutbox(s), [{ key: KEY, runId: "w2", text: "two" }]);
   });
 
+  test("a send's attachments are kept with it, stored with the outbox and shown on its message", () => {
+    const files = [{ fileId: "file-" + "a".repeat(32), fileName: "chart.png", mimeType: "image/png", size: 1234 }];
+    let s = run(initialState(), [{ type: "send/request", key: KEY, runId: "w1", text: "", attachments: files }]);
+    assert.deepEqual(storedOutbox(s), [{ key: KEY, runId: "w1", text: "", attachments: files }]);
+    const [mine] = conversation(s, KEY).filter((item) => item.role === "user");
+    assert.deepEqual(mine.attachments, files);
+    s = run(s, [{ type: "conn/open" }, { type: "conn/ready", hello: {} }]);
+    s = ack(s, "w1", "started");
+    assert.deepEqual(storedOutbox(s), []);
+  });
+
   test("a restored send keeps its key and does not clear the draft", () => {
     let s = initialState({ drafts: { [KEY]: "half a thought" } });
     s = reduce(s, { type: "send/request", key: KEY, runId: "w1", text: "stored", restored: true });

@@ -10,6 +10,10 @@ A reply may also call tools (`tool_reply`): each `ToolCallReply` is streamed the
 OpenAI streams it, `delta.tool_calls` fragments by `index`: id, type and name in the
 first, the arguments split over several more, then `finish_reason: "tool_calls"`.
 
+A vision model (`vision_models`, the model names that take images): an `image_url` part sent to any
+other model is answered 400, as real servers answer; one sent to a vision model must be a `data:` URL
+of an image that decodes, or it is a 400 too. `Request.images()` describes the images a request carried.
+
 `Reply(echo=True)` answers with what it received instead (`received`: the messages, the
 offered tool names, `tool_choice` and every other field of the request, as one JSON text),
 so a test that sees only the reply can check what reached the model.
@@ -18,7 +22,9 @@ so a test that sees only the reply can check what reached the model.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import io
 import json
 import socket
 import time
@@ -26,6 +32,8 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from PIL import Image
 
 
 @dataclass
@@ -90,6 +98,19 @@ class Request:
     def tool_choice(self) -> Any:
         return self.body.get("tool_choice")
 
+    def image_parts(self) -> list[tuple[int, dict[str, Any]]]:
+        """Every `image_url` part of the request's messages, with the index of its message."""
+        found = []
+        for i, message in enumerate(self.messages):
+            content = message.get("content")
+            if isinstance(content, list):
+                found += [(i, part) for part in content if isinstance(part, dict) and part.get("type") == "image_url"]
+        return found
+
+    def images(self) -> list[dict[str, Any]]:
+        """The images the request carried, decoded: message index, type, pixel size, bytes, EXIF present."""
+        return [{"message": i, **describe_image(part["image_url"]["url"])} for i, part in self.image_parts()]
+
     def received(self) -> dict[str, Any]:
         """What the request asked of the model: its messages, tool names, tool_choice, and its other fields
         (model, sampling parameters, ...) under `params`."""
@@ -106,6 +127,7 @@ class FakeOpenAI:
     """The server; `await start()`, point a client at `base_url`, `await stop()`."""
 
     def __init__(self) -> None:
+        self.vision_models: set[str] = set()  # the models that take images (see the module's docstring)
         self.replies: deque[Reply] = deque()
         self.default = Reply()
         self.requests: list[Request] = []
@@ -165,6 +187,9 @@ class FakeOpenAI:
                 self.requests.append(request)
                 self.request_seen.set()
                 reply = self.replies.popleft() if self.replies else self.default
+                refused = self._image_problem(request)
+                if refused is not None:
+                    reply = Reply(status=400, error={"message": refused, "type": "invalid_request_error"})
                 respond = asyncio.ensure_future(self._respond(writer, request, reply))
                 watcher = asyncio.ensure_future(self._watch(reader, writer, request))
                 try:
@@ -185,6 +210,20 @@ class FakeOpenAI:
             with contextlib.suppress(Exception):
                 writer.close()
             self._handlers.discard(task)
+
+    def _image_problem(self, request: Request) -> str | None:
+        """Why a real server would refuse the request's images, or None."""
+        parts = request.image_parts()
+        if not parts:
+            return None
+        if request.body.get("model") not in self.vision_models:
+            return f"model {request.body.get('model')!r} does not support image input"
+        for _i, part in parts:
+            try:
+                describe_image(part["image_url"]["url"])
+            except Exception as exc:  # anything a real server could not read
+                return f"invalid image: {exc}"
+        return None
 
     async def _read_request(self, reader: asyncio.StreamReader) -> Request | None:
         try:
@@ -342,6 +381,24 @@ async def running_fake() -> AsyncIterator[FakeOpenAI]:
     finally:
         await close_clients()  # pooled keep-alive connections belong to this test's loop
         await server.stop()
+
+
+def describe_image(url: str) -> dict[str, Any]:
+    """A `data:` URL's image: its type, pixel size, byte count and whether it carries EXIF."""
+    head, _, data = url.partition(",")
+    if not head.startswith("data:image/") or not head.endswith(";base64"):
+        raise ValueError("not a base64 data: URL of an image")
+    raw = base64.b64decode(data, validate=True)
+    with Image.open(io.BytesIO(raw)) as image:
+        image.load()
+        return {
+            "mime": head[5:].split(";")[0],
+            "format": image.format,
+            "width": image.width,
+            "height": image.height,
+            "bytes": len(raw),
+            "exif": bool(image.getexif()) or "exif" in image.info,
+        }
 
 
 def agent_config(fake: FakeOpenAI, **overrides: Any) -> dict[str, Any]:

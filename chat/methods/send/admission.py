@@ -8,6 +8,7 @@ from django.conf import settings
 
 from chat.base.db import db_read
 from chat.methods.registry import call
+from chat.methods.send import attach
 from chat.methods.send import params as send_params
 from chat.protocol.errors import ProtocolError
 from chat.runtime.backends import get_backend
@@ -43,6 +44,8 @@ async def admit(owner_id: int, send: send_params.ChatSendParams) -> SendOutcome:
     one path for all."""
     if not runtime.accepting:
         raise ProtocolError("UNAVAILABLE", "server is shutting down", retryable=True, retry_after_ms=1000)
+    # stored files named by id resolved for this owner, inline images' bytes stored (chat.files.attach)
+    send.attachments = await attach.prepare(owner_id, send.attachments)
     # A key seen before is answered from what is stored, without a write (§4).
     known = await db_read(_known_send, owner_id, send)
     if isinstance(known, SendOutcome):

@@ -15,81 +15,83 @@ from typing import Any
 
 from django.conf import settings
 
+from chat.files import content
 from chat.methods.commands import command_line, parse_command
 from chat.protocol.errors import invalid
 from chat.protocol.fields import CONTROL_RE, RUN_ID_RE, get_int, get_str, require_unicode
 from chat.protocol.keys import session_key_param
 from sessions_app.models import Run, RunSurface, SessionKind
 
-MIME_RE = re.compile(r"(image|text)/[A-Za-z0-9.+-]+")
+MIME_RE = re.compile(r"(image|text)/[A-Za-z0-9.+-]+|application/(pdf|json)")
+FILE_ID_RE = re.compile(r"file-[0-9a-f]{32}")
 # chat.send's queueMode values: `steer` delivers the message into the session's working run (as
 # sessions.steer does), `interrupt` stops that run and starts the message (docs/protocol-notes.md, "Steering").
 QUEUE_MODES = ("followup", "interrupt", "steer")
-
-
-_IMAGE_MAGIC: list[tuple[bytes, str]] = [
-    (b"\x89PNG\r\n\x1a\n", "image/png"),
-    (b"\xff\xd8\xff", "image/jpeg"),
-    (b"GIF87a", "image/gif"),
-    (b"GIF89a", "image/gif"),
-    (b"BM", "image/bmp"),
-]
+# An inline image's bytes, carried from the params to admission (which stores them and drops this key).
+INLINE_BYTES = "_bytes"
 
 
 def sniff(data: bytes) -> str:
-    """Best-effort type of `data`: an image/* type, 'text', or 'binary'."""
-    for magic, mime in _IMAGE_MAGIC:
-        if data.startswith(magic):
-            return mime
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "image/webp"
-    if b"\x00" in data:
-        return "binary"
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        return "binary"
-    return "text"
+    """Best-effort type of `data`: an image/* type, 'application/pdf', 'text', or 'binary'."""
+    return content.sniff(data)
 
 
 def attachment(item: Any, where: str) -> dict[str, Any]:
-    """One attachment (`{mimeType, fileName?, content}`, base64) checked and sniffed; errors name `where`."""
+    """One attachment checked and sniffed; errors name `where`. Either a stored file (`{fileId}`, from
+    `POST /api/files`: resolved for its owner at admission) or inline (`{mimeType, fileName?, content}`,
+    base64): an image, or a document whose text is kept (text, Markdown, CSV, JSON, PDF)."""
     if not isinstance(item, dict):
         raise invalid("attachment must be an object", field=where)
+    if item.get("fileId") is not None:
+        file_id = item["fileId"]
+        if not isinstance(file_id, str) or not FILE_ID_RE.fullmatch(file_id):
+            raise invalid("fileId must be the id POST /api/files answered", field=f"{where}.fileId")
+        if item.get("content") is not None:
+            raise invalid("an attachment has either fileId or content, not both", field=f"{where}.content")
+        return {"fileId": file_id, "where": f"{where}.fileId"}  # `where`: the field an error names
     mime = item.get("mimeType")
     if not isinstance(mime, str) or not MIME_RE.fullmatch(mime):
-        raise invalid("mimeType must be image/* or text/*", field=f"{where}.mimeType")
+        raise invalid(
+            "mimeType must be image/*, text/*, application/pdf or application/json", field=f"{where}.mimeType"
+        )
     name = item.get("fileName")
     if name is not None and (not isinstance(name, str) or len(name) > 255):
         raise invalid("fileName must be a string of at most 255 chars", field=f"{where}.fileName")
     if name is not None:
         require_unicode(name, f"{where}.fileName")
-    content = item.get("content")
-    if not isinstance(content, str) or not content:
+    raw = item.get("content")
+    if not isinstance(raw, str) or not raw:
         raise invalid("content must be a non-empty base64 string", field=f"{where}.content")
-    if len(content) > (settings.GATEWAY_MAX_ATTACHMENT_BYTES * 4) // 3 + 8:
+    if len(raw) > (settings.GATEWAY_MAX_ATTACHMENT_BYTES * 4) // 3 + 8:
         raise invalid("attachment is larger than allowed", field=f"{where}.content")
     try:
-        data = base64.b64decode(content, validate=True)
+        data = base64.b64decode(raw, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise invalid("content is not valid base64", field=f"{where}.content") from exc
     if len(data) > settings.GATEWAY_MAX_ATTACHMENT_BYTES:
         raise invalid("attachment is larger than allowed", field=f"{where}.content")
     kind = sniff(data)
     major = mime.split("/", 1)[0]
-    if major == "image":
+    if major == "image" or mime == "application/pdf":
         normalized = "image/jpeg" if mime == "image/jpg" else mime
         if kind != normalized:
             raise invalid("mimeType does not match the content", field=f"{where}.mimeType", sniffed=kind)
     elif kind != "text":
         raise invalid("mimeType does not match the content", field=f"{where}.mimeType", sniffed=kind)
-    return {
+    try:
+        found = content.inspect(data, name=name, declared=mime)
+    except content.FileRefused as exc:
+        raise invalid(exc.message, field=f"{where}.content", reason=exc.reason) from exc
+    out: dict[str, Any] = {
         "mimeType": mime,
         "fileName": name,
         "size": len(data),
-        "sha256": hashlib.sha256(data).hexdigest(),
-        "text": data.decode("utf-8") if major == "text" else None,
+        "sha256": found.sha256,
+        "text": found.text,
     }
+    if found.is_image:
+        out[INLINE_BYTES] = data
+    return out
 
 
 @dataclass
@@ -127,7 +129,10 @@ class ChatSendParams:
             return self.request_hash
         body = {
             "message": self.message,
-            "attachments": [[a["mimeType"], a["fileName"], a["sha256"]] for a in self.attachments],
+            "attachments": [
+                [a["mimeType"], a["fileName"], a["sha256"]] if "sha256" in a else ["file", a["fileId"]]
+                for a in self.attachments
+            ],
         }
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 

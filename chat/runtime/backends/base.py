@@ -9,6 +9,7 @@ from typing import Any
 
 from chat.base import agents
 from chat.protocol import sizes
+from chat.runtime.backends.attached import wrapped_document
 from chat.runtime.tools.host import ToolHost
 from sessions_app.run_requests import RunRequest
 
@@ -74,9 +75,9 @@ def attachment_kind(item: Mapping[str, Any]) -> str:
     return "text" if item.get("text") is not None else "image"
 
 
-def inlined_file(name: str | None, text: str) -> str:
-    """A text attachment as a model reads it, after the message's text: its name, then its text."""
-    return f"[{name or 'attachment'}]\n{text}"
+def inlined_file(name: str | None, text: str, mime: str | None = None) -> str:
+    """A document as a model reads it, after the message's text: wrapped as untrusted content."""
+    return wrapped_document(name, mime, text)
 
 
 class AgentBackend(ABC):

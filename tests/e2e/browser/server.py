@@ -7,6 +7,7 @@ temporary SQLite file and DEBUG off, so static files are checked the way
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -66,6 +67,8 @@ class GatewayServer:
                 "DEBUG": "False",
                 "ALLOWED_HOSTS": "127.0.0.1,localhost",
                 "PYTHONUNBUFFERED": "1",
+                # uploads (docs/files.md) in this server's own folder, never the project's
+                "GATEWAY_FILES_STORAGE_OPTIONS": json.dumps({"location": str(self.tmp / "uploads")}),
             }
         )
         env.update(extra_env or {})

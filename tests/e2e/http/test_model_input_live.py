@@ -14,12 +14,15 @@ from typing import Any
 import openai
 import pytest
 
+from chat.runtime.backends.attached import wrapped_document
 from tests.e2e.http.support import Gateway, model_server, start_gateway
 from tests.support.fake_openai import FakeOpenAI, Reply, ToolCallReply, agent_config, tool_reply
 
 pytestmark = pytest.mark.server
 
 SESSION_HEADER = "x-agentgate-session-key"
+# notes.txt as the model reads it: wrapped as untrusted content
+TIDE = wrapped_document("notes.txt", "text/plain", "the tide is at noon")
 WEATHER = {
     "type": "function",
     "name": "get_weather",
@@ -160,7 +163,7 @@ def test_an_image_the_agents_backend_cannot_take_is_a_400_naming_the_part(gw: Ga
     ]
     error = refused(lambda: client.chat.completions.create(model="oa", messages=with_image))
     assert (error["param"], error["code"]) == ("messages[1].content[1]", "unsupported_content")
-    assert "accepts only text attachments" in error["message"]
+    assert "not marked `vision: true`" in error["message"]
     earlier = [{"role": "user", "content": [image]}, assistant("A dot."), user("and now?")]
     assert refused(lambda: client.chat.completions.create(model="oa", messages=earlier))["param"] == (
         "messages[0].content[0]"
@@ -187,23 +190,23 @@ def test_input_files_are_attachments_within_the_limits(gw: Gateway) -> None:
     notes = {"type": "input_file", "filename": "notes.txt", "file_data": NOTES}
     new_input = [{"type": "input_text", "text": "when is the tide?"}, notes]
     answer = client.responses.create(model="oa", input=[{"role": "user", "content": new_input}])
-    assert sent(answer.output_text)[-1] == user("when is the tide?\n\n[notes.txt]\nthe tide is at noon")
+    assert sent(answer.output_text)[-1] == user("when is the tide?\n\n" + TIDE)
     earlier = [{"role": "user", "content": [notes]}, assistant("Read."), user("so?")]
     answer = client.responses.create(model="oa", input=earlier)
-    assert sent(answer.output_text) == [user("[notes.txt]\nthe tide is at noon"), assistant("Read."), user("so?")]
+    assert sent(answer.output_text) == [user(TIDE), assistant("Read."), user("so?")]
     chat_file = {"type": "file", "file": {"filename": "notes.txt", "file_data": NOTES}}
     completion = client.chat.completions.create(model="oa", messages=[{"role": "user", "content": [chat_file]}])
-    assert sent(completion.choices[0].message.content or "")[-1] == user("[notes.txt]\nthe tide is at noon")
+    assert sent(completion.choices[0].message.content or "")[-1] == user(TIDE)
 
     before = run_count(gw)
-    pdf = {
+    archive = {
         **notes,
-        "filename": "a.pdf",
-        "file_data": "data:application/pdf;base64," + base64.b64encode(b"%PDF-1.4").decode(),
+        "filename": "a.zip",
+        "file_data": "data:application/zip;base64," + base64.b64encode(b"PK\x03\x04").decode(),
     }
     for part, param, words in [
-        (pdf, "input[0].content[1].file_data", "image/* or text/*"),
-        ({"type": "input_file", "file_id": "file-abc"}, "input[0].content[1].file_data", "file ids"),
+        (archive, "input[0].content[1].file_data", "image/*, text/*, application/pdf or application/json"),
+        ({"type": "input_file", "file_id": "file-abc"}, "input[0].content[1].file_id", "fileId must be"),
         ({**notes, "file_data": "data:text/plain;base64,!!"}, "input[0].content[1].file_data", "base64"),
         ({**notes, "filename": 7}, "input[0].content[1].filename", "fileName"),
     ]:

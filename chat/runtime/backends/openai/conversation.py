@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from typing import Any
 
-from chat.runtime.backends.base import RunContext, inlined_file
+from chat.runtime.backends.attached import user_content
+from chat.runtime.backends.base import RunContext
 from chat.runtime.backends.openai.settings import AgentSettings
 from chat.runtime.tools.config import MODEL_NAME_RE
 from chat.runtime.tools.host import ModelCall, ToolResult
@@ -19,7 +21,9 @@ PARAGRAPH = "\n\n"
 NO_CLIENT_RESULT = "(no result: the call was handed to the API client, which sent none)"
 
 
-def build_messages(ctx: RunContext, settings: AgentSettings) -> list[dict[str, Any]]:
+def build_messages(
+    ctx: RunContext, settings: AgentSettings, images: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
     """The request's messages: system prompt plus the conversation, trimmed to the budget.
 
     The conversation is the session's transcript (`transcript_groups`), or, for a stateless
@@ -31,14 +35,17 @@ def build_messages(ctx: RunContext, settings: AgentSettings) -> list[dict[str, A
     that brings only tool results ends with them, not with an empty user message.
     """
     request = ctx.request
+    images = images or {}
     alias: dict[str, str] = {}
     instructions: list[str] = []
     if ctx.stateless:
         history, instructions = context_groups(request.context)
         current = ctx.message
     else:
-        history, current, alias = transcript_groups(ctx)
-    current = _with_attachments(current, ctx.attachments)
+        history, current, alias = transcript_groups(ctx, settings, images)
+    content = user_content(
+        current, ctx.attachments, images, document_chars=settings.document_chars, send_images=settings.vision
+    )
     results = {r.call_id: r.output for r in request.tool_results}
     pinned, leftover = answer_calls(history, results, alias)
     if leftover:  # results of calls no longer in the window: told in words, a request stays valid
@@ -49,7 +56,7 @@ def build_messages(ctx: RunContext, settings: AgentSettings) -> list[dict[str, A
         _close_unanswered(group)
 
     prompt = "\n\n".join(p for p in (settings.system_prompt, *request.instructions, *instructions) if p)
-    budget = settings.context_chars - len(prompt) - len(current)
+    budget = settings.context_chars - len(prompt) - len(_text_of(content))
     kept: list[list[dict[str, Any]]] = []
     for index in range(len(history) - 1, -1, -1):
         budget -= sum(_size(message) for message in history[index])
@@ -58,11 +65,13 @@ def build_messages(ctx: RunContext, settings: AgentSettings) -> list[dict[str, A
         kept.append(history[index])
     kept.reverse()
     system = [{"role": "system", "content": prompt}] if prompt else []
-    tail = [{"role": "user", "content": current}] if current or not results else []
+    tail = [{"role": "user", "content": content}] if content or not results else []
     return [*system, *(message for group in kept for message in group), *tail]
 
 
-def transcript_groups(ctx: RunContext) -> tuple[list[list[dict[str, Any]]], str, dict[str, str]]:
+def transcript_groups(
+    ctx: RunContext, settings: AgentSettings, images: Mapping[str, str] | None = None
+) -> tuple[list[list[dict[str, Any]]], str, dict[str, str]]:
     """The transcript before this run's message as groups of messages, that message's text, and the
     ids a client may name the calls handed to it by (the model's or the gateway's) -> the id sent.
 
@@ -83,8 +92,15 @@ def transcript_groups(ctx: RunContext) -> tuple[list[list[dict[str, Any]]], str,
             history.extend(context_groups(entry["context"])[0])
         if role == "user" and entry.get("results"):
             answer_calls(history, entry["results"], alias)
-        if role == "user" and entry.get("text"):
-            history.append([{"role": "user", "content": str(entry["text"])}])
+        if role == "user" and (entry.get("text") or entry.get("attachments")):
+            content = user_content(
+                str(entry.get("text") or ""),
+                list(entry.get("attachments") or []),
+                images or {},
+                document_chars=settings.document_chars,
+                send_images=settings.vision and settings.history_images,
+            )
+            history.append([{"role": "user", "content": content}])
         elif role == "assistant":
             group = assistant_messages(entry)
             if group:
@@ -292,12 +308,3 @@ def _size(message: dict[str, Any]) -> int:
     for call in message.get("tool_calls") or []:
         size += len(call["function"]["name"]) + len(call["function"]["arguments"])
     return size
-
-
-def _with_attachments(text: str, attachments: list[dict[str, Any]]) -> str:
-    """Inline text attachments after the message (images are refused in check_setup)."""
-    parts = [text] if text else []
-    for item in attachments:
-        if item.get("text") is not None:
-            parts.append(inlined_file(item.get("fileName"), item["text"]))
-    return "\n\n".join(parts)

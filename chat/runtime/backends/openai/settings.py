@@ -45,6 +45,13 @@ class AgentSettings:
     max_retry_wait_ms: int = 20_000
     stream_usage: bool = True
     extra_body: dict[str, Any] | None = None
+    # attachments (docs/files.md): whether the model takes images, the pixels an image is downscaled
+    # to, whether earlier turns' images are sent again (else a placeholder names them), and the
+    # characters of one message's documents the model is given
+    vision: bool = False
+    max_image_pixels: int = 1_048_576
+    history_images: bool = True
+    document_chars: int = 20_000
 
     @classmethod
     def from_config(cls, agent_id: str, config: Mapping[str, Any]) -> AgentSettings:
@@ -113,6 +120,10 @@ class AgentSettings:
             max_retry_wait_ms=number("max_retry_wait_ms", cls.max_retry_wait_ms),
             stream_usage=flag("stream_usage", True),
             extra_body=extra_body,
+            vision=flag("vision", False),
+            max_image_pixels=number("max_image_pixels", cls.max_image_pixels, 1),
+            history_images=flag("history_images", True),
+            document_chars=number("document_chars", cls.document_chars, 1),
         )
 
     def api_key(self, agent_id: str) -> str:

@@ -59,7 +59,13 @@ class ModelRun:
     """One run's requests to the model: steps, attempts, retries, timeouts and cleanup."""
 
     def __init__(
-        self, agent: catalog.Agent, settings: AgentSettings, api_key: str, ctx: RunContext, config: Mapping[str, Any]
+        self,
+        agent: catalog.Agent,
+        settings: AgentSettings,
+        api_key: str,
+        ctx: RunContext,
+        config: Mapping[str, Any],
+        images: Mapping[str, str] | None = None,  # the run's images as data URLs, by file id
     ) -> None:
         agent_id = agent.id
         self.agent_id = agent_id
@@ -74,7 +80,7 @@ class ModelRun:
         self.retries_left = settings.max_retries
         self.attempt = 0
         self.attempt_started = 0.0
-        self.messages = build_messages(ctx, settings)
+        self.messages = build_messages(ctx, settings, images)
         self.client = client_for(settings, api_key)
         self.response: openai.AsyncStream[Any] | None = None
         self.closed = False

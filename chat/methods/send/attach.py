@@ -1,0 +1,60 @@
+"""A send's attachments made ready for admission: `{fileId}` ones resolved for their owner (another's
+file is not found), inline images' bytes stored, so every image a run has is a stored file."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from chat.base.db import db_read, db_write
+from chat.methods.send.params import INLINE_BYTES
+from chat.protocol.errors import invalid
+from sessions_app import files
+
+
+async def prepare(owner_id: int, attachments: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The attachments as a run keeps them (JSON only); raise INVALID_REQUEST for a file not found."""
+    if not attachments:
+        return attachments
+    if any(INLINE_BYTES in a for a in attachments):
+        return await db_write(_prepared, owner_id, attachments)
+    if any("fileId" in a for a in attachments):
+        return await db_read(_prepared, owner_id, attachments)
+    return attachments
+
+
+def _prepared(owner_id: int, attachments: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    named = files.owned(owner_id, [a["fileId"] for a in attachments if "fileId" in a and "sha256" not in a])
+    out = []
+    for item in attachments:
+        if "fileId" in item and "sha256" not in item:
+            stored = named.get(item["fileId"])
+            if stored is None:
+                raise invalid(
+                    f"file {item['fileId']} was not found among your files (upload it with POST /api/files)",
+                    field=item.get("where", "attachments"),
+                    reason="unknown-file",
+                )
+            out.append(
+                {
+                    "mimeType": stored.mime_type,
+                    "fileName": stored.name or None,
+                    "size": stored.size,
+                    "sha256": stored.sha256,
+                    "text": stored.text,
+                    "fileId": stored.file_id,
+                }
+            )
+        elif INLINE_BYTES in item:
+            kept = {k: v for k, v in item.items() if k != INLINE_BYTES}
+            stored = files.store(
+                owner_id=owner_id,
+                data=item[INLINE_BYTES],
+                mime_type="image/jpeg" if item["mimeType"] == "image/jpg" else item["mimeType"],
+                name=item.get("fileName") or "",
+                sha256=item["sha256"],
+                text=None,
+            )
+            out.append({**kept, "fileId": stored.file_id})
+        else:
+            out.append(item)
+    return out
