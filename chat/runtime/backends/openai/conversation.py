@@ -245,9 +245,19 @@ def step_messages(text: str, calls: list[ModelCall], results: list[ToolResult]) 
     return messages
 
 
-def steer_messages(steers: list[Delivered]) -> list[dict[str, Any]]:
-    """Steering messages the run took, as user messages for its next request, in the order they came."""
-    return [{"role": "user", "content": _with_attachments(s.message, s.attachments)} for s in steers]
+def steer_messages(steers: list[Delivered], settings: AgentSettings) -> list[dict[str, Any]]:
+    """Steering messages the run took, as user messages for its next request, in the order they came.
+    Their documents go as text like any message's; their images are named by a placeholder (the run's
+    images were prepared at its start; the next run sends them from the transcript)."""
+    return [
+        {
+            "role": "user",
+            "content": user_content(
+                s.message, s.attachments, {}, document_chars=settings.document_chars, send_images=False
+            ),
+        }
+        for s in steers
+    ]
 
 
 def _text_between(text: str, start: int, end: int) -> str:

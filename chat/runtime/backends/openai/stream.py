@@ -248,7 +248,7 @@ class ModelRun:
         # the steering messages that came during the step, after its calls' results (the last call's
         # end is a boundary too): the next request is the first to see them
         await self.tools.steering.take(self.step, "".join(self.reply))
-        self.messages.extend(steer_messages(self.tools.steering.drain()))
+        self.messages.extend(steer_messages(self.tools.steering.drain(), self.settings))
         self.step += 1
         self.retries_left = self.settings.max_retries  # the retry rules apply per request
         await self.open(before_start=False)
