@@ -15,7 +15,7 @@ from typing import Any
 
 from django.db.models import Q, QuerySet
 
-from sessions_app import statements
+from sessions_app import branches, statements
 from sessions_app.models import (
     ACTIVE_STATES,
     OPEN_STATES,
@@ -138,11 +138,9 @@ class Transcript:
 
 
 def transcript(session: ChatSession, *, limit: int = 200, before_id: int | None = None) -> Transcript:
-    """The newest `limit` messages of the current generation before `before_id`, oldest first."""
-    qs = Message.objects.filter(session=session, session_generation=session.session_id)
-    if before_id is not None:
-        qs = qs.filter(pk__lt=before_id)
-    newest_first = list(qs.order_by("-id")[: limit + 1])
+    """The newest `limit` messages of the active branch before `before_id`, oldest first."""
+    oldest_first = branches.active_path(session, limit=limit + 1, before_id=before_id)
+    newest_first = list(reversed(oldest_first))
     msgs = list(reversed(newest_first[:limit]))
     run_pks = {m.run_id for m in msgs if m.run_id is not None}
     fields = (
@@ -165,9 +163,8 @@ def transcript(session: ChatSession, *, limit: int = 200, before_id: int | None 
     has_more = len(newest_first) > limit
     first_seq = 1
     if msgs and (has_more or before_id is not None):
-        # only a page that is not the generation's start needs counting
-        earlier = Message.objects.filter(session=session, session_generation=session.session_id, pk__lt=msgs[0].pk)
-        first_seq = earlier.count() + 1
+        # only a page that is not the branch's start needs counting
+        first_seq = branches.depth(msgs[0].parent_id) + 1
     return Transcript(
         messages=msgs,
         has_more=has_more,
@@ -290,15 +287,23 @@ def queue_position(run: Run) -> int | None:
 
 
 def context_messages(run: Run, *, limit: int) -> list[Message]:
-    """The newest `limit` messages of the run's generation before it, oldest first (a backend's context).
+    """The newest `limit` messages of the run's branch up to its prompt, oldest first (a backend's context):
+    its own user message, or the one it answers again (`Run.prompt`), and that message's parents. While
+    the run is active its prompt is the session's active leaf: this is the active branch.
 
     Inline commands and their answers (/status, /think, ...) are the gateway's, not the
     conversation's: no model reads them.
     """
     if limit <= 0:
         return []
-    qs = Message.objects.filter(session_id=run.session_id, session_generation=run.session_generation, command_key="")
-    return list(reversed(qs.order_by("-id")[:limit]))
+    prompt = run.prompt_id or prompt_of(run)
+    return branches.path(prompt, limit=limit, conversation=True)
+
+
+def prompt_of(run: Run) -> int | None:
+    """The user message a run added (None: none, a run that never started or of an older transcript)."""
+    own = Message.objects.filter(run=run, role="user", command_key="").values_list("pk", flat=True).first()
+    return own if own is not None else run.prompt_id
 
 
 def open_run_counts(owner_id: int | None = None) -> tuple[int, int]:
