@@ -173,6 +173,29 @@ def sibling_counts(messages: Sequence[Message]) -> dict[int, int]:
 
 
 @dataclass(frozen=True)
+class Siblings:
+    """A message among its siblings: its place (from 1) and, for each, the branch end it leads to."""
+
+    index: int
+    leaves: list[str]
+
+
+def siblings_of(session: ChatSession, messages: Sequence[Message]) -> dict[int, Siblings]:
+    """The siblings of those of these messages (of the active branch) that have any: one bounded read,
+    and the tree read only when some have."""
+    counts = sibling_counts(messages)
+    if not counts:
+        return {}
+    t = tree(session)
+    found = {}
+    for pk in counts:
+        if pk in t.nodes:
+            among = t.siblings(pk)
+            found[pk] = Siblings(among.index(pk) + 1, [str(t.newest_tip_under(s)) for s in among])
+    return found
+
+
+@dataclass(frozen=True)
 class BranchSummary:
     """One branch as OpenClaw's `sessions.branches.list` shows it."""
 

@@ -134,7 +134,8 @@ class Transcript:
     active: Run | None = None
     queued: list[Run] = field(default_factory=list)
     tools: dict[int, list[ToolCall]] = field(default_factory=dict)  # run pk -> its tool calls, in order
-    first_seq: int = 1  # the first message's position in its generation (OpenClaw's `seq`), from 1
+    first_seq: int = 1  # the first message's position in its branch (OpenClaw's `seq`), from 1
+    siblings: dict[int, branches.Siblings] = field(default_factory=dict)  # of the messages that have some
 
 
 def transcript(session: ChatSession, *, limit: int = 200, before_id: int | None = None) -> Transcript:
@@ -169,6 +170,7 @@ def transcript(session: ChatSession, *, limit: int = 200, before_id: int | None 
         messages=msgs,
         has_more=has_more,
         first_seq=first_seq,
+        siblings=branches.siblings_of(session, msgs),
         runs=runs,
         active=active,
         queued=[r for r in open_runs if r.state == RunState.QUEUED],

@@ -56,7 +56,7 @@ async def sessions_branches_list(conn: Conn, params: dict[str, Any]) -> Reply:
     return Reply({"branches": await db_read(_summaries, conn.state.user_id, key)})
 
 
-@method("sessions.branches.switch", scope=Scope.ADMIN)
+@method("sessions.branches.switch", scope=Scope.WRITE)
 async def sessions_branches_switch(conn: Conn, params: dict[str, Any]) -> Reply:
     key, _agent = keys.session_key_param(params)
     leaf = entry_id(params, "leafEntryId")
@@ -68,7 +68,7 @@ def _cut(cut: branch_service.Cut) -> dict[str, Any]:
     return {"editorText": cut.editor_text} if cut.editor_text else {}
 
 
-@method("sessions.rewind", scope=Scope.ADMIN)
+@method("sessions.rewind", scope=Scope.WRITE)
 async def sessions_rewind(conn: Conn, params: dict[str, Any]) -> Reply:
     key, _agent = keys.session_key_param(params)
     entry = entry_id(params, "entryId")
