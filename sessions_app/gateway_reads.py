@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Q, QuerySet
+from django.db.models import F, Q, QuerySet
 
 from sessions_app import branches, statements
 from sessions_app.models import (
@@ -300,6 +300,14 @@ def context_messages(run: Run, *, limit: int) -> list[Message]:
         return []
     prompt = run.prompt_id or prompt_of(run)
     return branches.path(prompt, limit=limit, conversation=True)
+
+
+def reply_of(run_pk: int) -> int | None:
+    """The reply message a run added to its session's current transcript (None: none, or not current)."""
+    replies = Message.objects.filter(
+        run_id=run_pk, role="assistant", session_id=F("run__session_id"), session_generation=F("session__session_id")
+    )
+    return replies.order_by("id").values_list("pk", flat=True).first()
 
 
 def prompt_of(run: Run) -> int | None:
