@@ -210,8 +210,11 @@ def summaries(session: ChatSession) -> list[BranchSummary]:
     """The current transcript's branches, the active one first, then the newest first."""
     t = tree(session)
     tips = t.tips()
+    return _summaries_of(t, tips, dict(Message.objects.filter(pk__in=set(tips)).values_list("pk", "text")))
+
+
+def _summaries_of(t: Tree, tips: list[int], texts: dict[int, str]) -> list[BranchSummary]:
     paths = {tip: t.path(tip) for tip in tips}
-    texts = dict(Message.objects.filter(pk__in=set(tips)).values_list("pk", "text"))
     found = []
     for tip in sorted(tips, key=lambda i: (i != t.leaf_id, -i)):
         found.append(
@@ -224,6 +227,31 @@ def summaries(session: ChatSession) -> list[BranchSummary]:
             )
         )
     return found
+
+
+@dataclass(frozen=True)
+class ShownMessage:
+    pk: int
+    role: str
+    headline: str
+
+
+@dataclass(frozen=True)
+class BranchView:
+    """What an operator's page shows: the newest `limit` messages of the active branch, and every branch."""
+
+    shown: list[ShownMessage]
+    ends: list[BranchSummary]
+
+
+def branch_view(session: ChatSession, *, limit: int) -> BranchView:
+    """`BranchView` in two statements whatever the transcript's size: its tree, then the texts shown."""
+    t = tree(session)
+    path_ids = list(reversed(t.path(t.leaf_id)[:limit])) if t.leaf_id is not None else []
+    tips = t.tips()
+    texts = dict(Message.objects.filter(pk__in={*path_ids, *tips}).values_list("pk", "text"))
+    shown = [ShownMessage(pk, t.nodes[pk].role, headline(texts.get(pk, ""))) for pk in path_ids]
+    return BranchView(shown, _summaries_of(t, tips, texts))
 
 
 def headline(text: str) -> str:
