@@ -12,7 +12,7 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from sessions_app import branches, statements
 from sessions_app.lifecycle.core import (
@@ -129,17 +129,19 @@ def fork(*, owner_id: int, key: str, entry_id: int | None, new_key: str | None =
             leaf_id, text = message.parent_id, message.text
         prefix = branches.path(leaf_id)
         new_key = new_key or f"agent:{source.agent_id}:s-{secrets.token_hex(5)}"
-        if ChatSession.objects.filter(owner_id=owner_id, key=new_key).exists():
-            raise LifecycleError("CONFLICT", "session already exists", reason="session-exists")
-        forked = ChatSession.objects.create(
-            owner_id=owner_id,
-            key=new_key,
-            agent_id=source.agent_id,
-            label=source.label,
-            thinking_level=source.thinking_level,
-            verbose_level=source.verbose_level,
-            model_override=source.model_override,
-        )
+        try:
+            with transaction.atomic():  # savepoint: the unique constraint decides a race for the key
+                forked = ChatSession.objects.create(
+                    owner_id=owner_id,
+                    key=new_key,
+                    agent_id=source.agent_id,
+                    label=source.label,
+                    thinking_level=source.thinking_level,
+                    verbose_level=source.verbose_level,
+                    model_override=source.model_override,
+                )
+        except IntegrityError as exc:
+            raise LifecycleError("CONFLICT", "session already exists", reason="session-exists") from exc
         copies = [
             Message(
                 session=forked,

@@ -224,6 +224,10 @@ async def test_fork_makes_a_new_session_with_the_prefix_and_the_model_continues_
     created = await client.ok("sessions.create", {"parentSessionKey": KEY, "fork": True, "agentId": "llm"})
     assert created["ok"] is True and created["key"] not in (KEY, new_key)
     assert texts(await history(client, created["key"])) == texts(source)
+    # a key in use is not taken over
+    res = await client.call("sessions.create", {"key": new_key, "parentSessionKey": KEY, "fork": True})
+    assert not res["ok"] and res["error"]["code"] == "CONFLICT"
+    assert texts(await history(client, new_key))[-1] == ("assistant", "Paris it is.")
 
 
 # --- refusals while the agent works ------------------------------------------------------------------
