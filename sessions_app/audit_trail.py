@@ -97,7 +97,10 @@ def record_session_change(
     sender: Any, session: ChatSession, reason: str, actor: str, deleted: bool = False, **kwargs: Any
 ) -> None:
     if not deleted:  # a deleted session's audit goes with it; its tombstone stays
-        statements.insert_later(LifecycleEvent(session=session, reason=reason, actor=actor, **_who(actor)))
+        detail = str(kwargs.get("detail") or "")
+        statements.insert_later(
+            LifecycleEvent(session=session, reason=reason, actor=actor, detail=detail, **_who(actor))
+        )
 
 
 @receiver(post_delete, sender=ChatSession, dispatch_uid="sessions_app-tombstone")

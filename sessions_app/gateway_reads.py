@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Q, QuerySet
+from django.db.models import F, Q, QuerySet
 
-from sessions_app import statements
+from sessions_app import branches, statements
 from sessions_app.models import (
     ACTIVE_STATES,
     OPEN_STATES,
@@ -135,15 +135,14 @@ class Transcript:
     active: Run | None = None
     queued: list[Run] = field(default_factory=list)
     tools: dict[int, list[ToolCall]] = field(default_factory=dict)  # run pk -> its tool calls, in order
-    first_seq: int = 1  # the first message's position in its generation (OpenClaw's `seq`), from 1
+    first_seq: int = 1  # the first message's position in its branch (OpenClaw's `seq`), from 1
+    siblings: dict[int, branches.Siblings] = field(default_factory=dict)  # of the messages that have some
 
 
 def transcript(session: ChatSession, *, limit: int = 200, before_id: int | None = None) -> Transcript:
-    """The newest `limit` messages of the current generation before `before_id`, oldest first."""
-    qs = Message.objects.filter(session=session, session_generation=session.session_id)
-    if before_id is not None:
-        qs = qs.filter(pk__lt=before_id)
-    newest_first = list(qs.order_by("-id")[: limit + 1])
+    """The newest `limit` messages of the active branch before `before_id`, oldest first."""
+    oldest_first = branches.active_path(session, limit=limit + 1, before_id=before_id)
+    newest_first = list(reversed(oldest_first))
     msgs = list(reversed(newest_first[:limit]))
     run_pks = {m.run_id for m in msgs if m.run_id is not None}
     fields = (
@@ -166,13 +165,13 @@ def transcript(session: ChatSession, *, limit: int = 200, before_id: int | None 
     has_more = len(newest_first) > limit
     first_seq = 1
     if msgs and (has_more or before_id is not None):
-        # only a page that is not the generation's start needs counting
-        earlier = Message.objects.filter(session=session, session_generation=session.session_id, pk__lt=msgs[0].pk)
-        first_seq = earlier.count() + 1
+        # only a page that is not the branch's start needs counting
+        first_seq = branches.depth(msgs[0].parent_id) + 1
     return Transcript(
         messages=msgs,
         has_more=has_more,
         first_seq=first_seq,
+        siblings=branches.siblings_of(session, msgs),
         runs=runs,
         active=active,
         queued=[r for r in open_runs if r.state == RunState.QUEUED],
@@ -299,15 +298,31 @@ def queue_position(run: Run) -> int | None:
 
 
 def context_messages(run: Run, *, limit: int) -> list[Message]:
-    """The newest `limit` messages of the run's generation before it, oldest first (a backend's context).
+    """The newest `limit` messages of the run's branch up to its prompt, oldest first (a backend's context):
+    its own user message, or the one it answers again (`Run.prompt`), and that message's parents. While
+    the run is active its prompt is the session's active leaf: this is the active branch.
 
     Inline commands and their answers (/status, /think, ...) are the gateway's, not the
     conversation's: no model reads them.
     """
     if limit <= 0:
         return []
-    qs = Message.objects.filter(session_id=run.session_id, session_generation=run.session_generation, command_key="")
-    return list(reversed(qs.order_by("-id")[:limit]))
+    prompt = run.prompt_id or prompt_of(run)
+    return branches.path(prompt, limit=limit, conversation=True)
+
+
+def reply_of(run_pk: int) -> int | None:
+    """The reply message a run added to its session's current transcript (None: none, or not current)."""
+    replies = Message.objects.filter(
+        run_id=run_pk, role="assistant", session_id=F("run__session_id"), session_generation=F("session__session_id")
+    )
+    return replies.order_by("id").values_list("pk", flat=True).first()
+
+
+def prompt_of(run: Run) -> int | None:
+    """The user message a run added (None: none, a run that never started or of an older transcript)."""
+    own = Message.objects.filter(run=run, role="user", command_key="").values_list("pk", flat=True).first()
+    return own if own is not None else run.prompt_id
 
 
 def open_run_counts(owner_id: int | None = None) -> tuple[int, int]:

@@ -104,6 +104,18 @@ class ChatSession(models.Model):
     # (NULL: it reported none, or no run has finished since the last reset).
     input_tokens = models.IntegerField(null=True, blank=True)
     output_tokens = models.IntegerField(null=True, blank=True)
+    # The newest message of the active branch of the current transcript (NULL: it is empty, or
+    # rewound to its start): THE active branch is this message and its parents (`sessions_app.branches`).
+    # Messages go with their session, never alone: nothing to cascade here.
+    active_leaf = models.ForeignKey(
+        "Message",
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        related_name="+",
+        db_constraint=False,
+        db_index=False,
+    )
     version = models.BigIntegerField(default=1)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -164,6 +176,27 @@ class Run(models.Model):
     # The reply's length after each stored delta, in order: the boundaries of the deltas clients were sent,
     # so a resumed Responses stream replays the same events with the same numbers (HTTP-API.md §14.5).
     marks = models.JSONField(default=list, blank=True, db_default=[])
+    # Where the run's messages go when not after the session's active leaf (docs/branches.md): `prompt`,
+    # the user message it answers again (a regenerated reply: it adds no user message of its own);
+    # `follows`, the message its own user message follows (a `previous_response_id` continuing its branch).
+    prompt = models.ForeignKey(
+        "Message",
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        related_name="+",
+        db_constraint=False,
+        db_index=False,
+    )
+    follows = models.ForeignKey(
+        "Message",
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        related_name="+",
+        db_constraint=False,
+        db_index=False,
+    )
     # Set while an HTTP run with an Idempotency-Key has no client: aborted unless a retry reattaches (§14.6).
     detached_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -195,10 +228,18 @@ class Run(models.Model):
 
 
 class Message(models.Model):
-    """One transcript entry of a session generation."""
+    """One transcript entry of a session generation, after its `parent` (NULL: the first of its branch).
+
+    The transcript is a tree: regenerate, edit, rewind and branch switches add siblings and move the
+    session's `active_leaf`; nothing is deleted. A parent is always older (a smaller id) than its children.
+    """
 
     session = models.ForeignKey(ChatSession, on_delete=models.CASCADE, related_name="messages")
     session_generation = models.UUIDField()
+    # of the same session and generation; they are deleted together, never one alone (indexed: children)
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.DO_NOTHING, related_name="children", db_constraint=False
+    )
     role = models.CharField(max_length=16)  # user | assistant
     text = models.TextField(blank=True, default="")
     run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.SET_NULL, related_name="messages")

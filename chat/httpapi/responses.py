@@ -106,6 +106,7 @@ async def create_response(req: Request) -> Answer:
         body,
         convo.attachments,
         on_admitted=responses.recorder(spec),
+        follows=await db_read(gateway_reads.reply_of, previous.run.pk) if previous is not None else None,
     )
     # a background response's run goes on whatever its client does (no disconnect rules)
     admitted = await runs.start(req, send, where, key, watch=not ask.background)

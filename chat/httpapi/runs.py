@@ -81,6 +81,9 @@ class HttpSend:
     timeout_ms: int | None = None
     # called with a new run in the transaction that admits it (a Responses API row; not for a key's run found again)
     on_admitted: Callable[[Run], None] | None = None
+    # the message the new user message follows instead of the session's active leaf: the reply of the
+    # response a `previous_response_id` continues (its own branch, docs/branches.md)
+    follows: int | None = None
 
 
 @dataclass
@@ -211,6 +214,7 @@ async def _admit(req: Request, send: HttpSend, where: Target, key: str | None, w
         request_hash=digest,
         on_admitted=send.on_admitted,
         owner_scoped_key=key is not None,
+        follows=send.follows,
     )
     try:
         outcome = await admit(caller.user_id, params)

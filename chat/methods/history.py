@@ -172,6 +172,13 @@ def history(session: ChatSession, transcript: gateway_reads.Transcript) -> dict[
         "hasMore": transcript.has_more,
         "session": session_row(session, [r.run_id for r in transcript.queued]),
     }
+    if transcript.siblings:
+        # Not in the spec: a message with siblings (regenerated, edited, rewound from) says which of
+        # them it is and the branch end each leads to (`sessions.branches.switch`), for a "2/3" switcher.
+        for item in payload["messages"]:
+            found = transcript.siblings.get(int(item["id"])) if item["id"].isdigit() else None
+            if found is not None and item["role"] in ("user", "assistant"):
+                item["siblings"] = {"index": found.index, "count": len(found.leaves), "leaves": found.leaves}
     active = transcript.active
     if active is not None:
         # a run that took steering messages shows its parts before them as messages: only the rest is in flight

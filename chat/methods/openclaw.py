@@ -43,7 +43,6 @@ async def config_get(conn: Conn, params: dict[str, Any]) -> Reply:
 # Reads of OpenClaw features with nothing to show here, answered with OpenClaw's empty result.
 NOTHING: dict[str, dict[str, Any]] = {
     "tasks.list": {"tasks": []},  # background tasks: none run here
-    "sessions.branches.list": {"branches": []},  # a session here is one line of turns
     "progressCard.get": {"card": None},  # no progress cards
 }
 

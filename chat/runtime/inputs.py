@@ -33,7 +33,7 @@ def read(run: Run, window: int, request: RunRequest) -> tuple[list[dict[str, Any
 
 
 def transcript(run: Run, window: int) -> list[dict[str, Any]]:
-    """The newest `window` messages of the run's generation (as much as its backend reads).
+    """The newest `window` messages of the run's branch (as much as its backend reads).
 
     An assistant message of a run that called tools carries them (`tools`: id, the model's
     function name, arguments, result, status and where in the text each came), so the model
@@ -53,6 +53,8 @@ def transcript(run: Run, window: int) -> list[dict[str, Any]]:
     out = []
     for m in messages:
         item: dict[str, Any] = {"role": m.role, "text": m.text, "aborted": m.aborted, "run": m.run_id}
+        if m.pk == run.prompt_id:  # the user message a regenerated reply answers again: this run's prompt
+            item["run"] = run.pk
         request = requests.get(m.run_id) if m.role == "user" and m.run_id else None
         if request is not None and request.context:
             item["context"] = request.context

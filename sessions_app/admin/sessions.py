@@ -13,10 +13,10 @@ from django.db.models import F, QuerySet
 from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.text import Truncator
 
-from sessions_app import operator_reads, statements
+from sessions_app import branches, operator_reads, statements
 from sessions_app.admin.common import (
     RUN_HEAVY_FIELDS,
     RUNS_SHOWN,
@@ -87,6 +87,15 @@ class RunInline(admin.TabularInline):
         return Truncator(run.error_message).chars(80)
 
 
+def _branch_view(obj: ChatSession) -> branches.BranchView:
+    """The session's branches as its page shows them, read once for both fields (two statements)."""
+    view = getattr(obj, "_branch_view", None)
+    if view is None:
+        view = branches.branch_view(obj, limit=50)
+        obj._branch_view = view  # type: ignore[attr-defined]
+    return view
+
+
 @admin.register(ChatSession)
 class ChatSessionAdmin(RowAnnotationsMixin, SessionActions):
     list_display = (
@@ -118,6 +127,7 @@ class ChatSessionAdmin(RowAnnotationsMixin, SessionActions):
             {"fields": ("last_run_link", "started_at", "ended_at", "runtime", "aborted_last_run", "last_run_error")},
         ),
         ("Now", {"fields": ("active_run_link", "waiting_for", "queued_runs", "all_runs_link")}),
+        ("Transcript", {"fields": ("active_branch", "branch_ends")}),
         ("Lifecycle audit", {"fields": ("timeline",)}),
         ("Times", {"fields": ("created_at", "updated_at")}),
     )
@@ -139,6 +149,8 @@ class ChatSessionAdmin(RowAnnotationsMixin, SessionActions):
         "waiting_for",
         "queued_runs",
         "all_runs_link",
+        "active_branch",
+        "branch_ends",
         "timeline",
         "created_at",
         "updated_at",
@@ -274,6 +286,24 @@ class ChatSessionAdmin(RowAnnotationsMixin, SessionActions):
     def all_runs_link(self, obj: Any) -> str:
         url = reverse("admin:sessions_app_run_changelist")
         return format_html('<a href="{}?session__id__exact={}">all runs of this session</a>', url, obj.pk)
+
+    @admin.display(description="active branch (newest 50)")
+    def active_branch(self, obj: Any) -> str:
+        """The conversation as its clients and its model see it: the active branch (`sessions_app.branches`)."""
+        view = _branch_view(obj)
+        if not view.shown:
+            return "-"
+        items = format_html_join("", "<li><b>{}</b> #{}: {}</li>", ((m.role, m.pk, m.headline) for m in view.shown))
+        return format_html("<ol>{}</ol>", items)
+
+    @admin.display(description="branches")
+    def branch_ends(self, obj: Any) -> str:
+        ends = _branch_view(obj).ends
+        if len(ends) <= 1:
+            return "one" if ends else "-"
+        return ", ".join(
+            f"#{b.leaf_id} ({b.message_count} messages{', active' if b.active else ''})" for b in ends[:20]
+        )
 
     @admin.display(description="timeline (newest first)")
     def timeline(self, obj: Any) -> str:

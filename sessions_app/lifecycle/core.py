@@ -134,9 +134,12 @@ def save_row(session: ChatSession, *fields: str) -> None:
     statements.update(session, *fields, "version", "updated_at")
 
 
-def row_changed(session: ChatSession, *, reason: str, actor: str, deleted: bool = False) -> None:
-    """Announce a session-level change (create, patch, reset, delete, operator repair)."""
-    signals.session_changed.send(sender=ChatSession, session=session, reason=reason, actor=actor, deleted=deleted)
+def row_changed(session: ChatSession, *, reason: str, actor: str, deleted: bool = False, detail: str = "") -> None:
+    """Announce a session-level change (create, patch, reset, delete, operator repair, a branch moved);
+    `detail` goes into its audit row."""
+    signals.session_changed.send(
+        sender=ChatSession, session=session, reason=reason, actor=actor, deleted=deleted, detail=detail
+    )
 
 
 def take_outcome(session: ChatSession, run: Run | None) -> None:
@@ -186,7 +189,9 @@ def start_inserted(run: Run, session: ChatSession, *, reason: str, actor: str) -
 
 
 def _activate(session: ChatSession, run: Run) -> None:
-    """Make `run` the session's active run and the row `running`; record the user's message."""
+    """Make `run` the session's active run and the row `running`; record the user's message at the end of
+    its branch, which becomes the active one (`append_message`; a regenerated reply's run answers its
+    `prompt` again: that message becomes the active leaf, and no user message is added)."""
     session.active_run = run
     session.last_run = run
     session.status = SessionStatus.RUNNING
@@ -195,11 +200,23 @@ def _activate(session: ChatSession, run: Run) -> None:
     session.aborted_last_run = False
     session.last_run_error = ""
     session.waiting_for = ""
-    save_row(session, "started_at", *OUTCOME_FIELDS)
     if run.session_generation == session.session_id:
-        statements.insert(
-            Message(session=session, session_generation=session.session_id, role="user", text=run.message, run=run)
-        )
+        if run.prompt_id is not None:
+            session.active_leaf_id = run.prompt_id
+        else:
+            message = Message(session=session, session_generation=session.session_id, role="user", text=run.message)
+            message.run = run
+            append_message(session, message, after=run.follows_id)
+    save_row(session, "started_at", "active_leaf", *OUTCOME_FIELDS)
+
+
+def append_message(session: ChatSession, message: Message, *, after: int | None = None) -> Message:
+    """THE way a message joins a transcript: inserted after the session's active leaf (or after `after`),
+    and made the active leaf. The caller holds the session lock and saves the row (`active_leaf`)."""
+    message.parent_id = session.active_leaf_id if after is None else after
+    statements.insert(message)
+    session.active_leaf_id = message.pk
+    return message
 
 
 # --- runs -------------------------------------------------------------------------------------
@@ -309,8 +326,10 @@ def transition(
             text.announce(seq)
         if not terminal:
             return True
+        kept = _keep_reply(session, run, from_state, to_state)
         was_active, changed = _release_row(session, run, from_state)
-        _keep_reply(session, run, from_state, to_state)
+        if kept and not changed:  # (cannot happen: a reply is kept only of the current active run)
+            statements.update(session, "active_leaf")
         emit_run(
             run, session, from_state=from_state, to_state=to_state, reason=reason, actor=actor, row_changed=changed
         )
@@ -390,7 +409,7 @@ def _release_row(session: ChatSession, run: Run, from_state: str) -> tuple[bool,
         session.active_run = None
         if current_generation:
             take_outcome(session, run)
-            save_row(session, *OUTCOME_FIELDS)
+            save_row(session, "active_leaf", *OUTCOME_FIELDS)
         else:
             # An old-generation run never touches the row (§8); only release the slot.
             statements.update(session, "active_run")
@@ -401,15 +420,18 @@ def _release_row(session: ChatSession, run: Run, from_state: str) -> tuple[bool,
     return False, False
 
 
-def _keep_reply(session: ChatSession, run: Run, from_state: str, to_state: str) -> None:
-    """The reply of a run that had started joins the transcript of the current generation; partial text
-    of an aborted, failed or timed-out run is kept, marked."""
+def _keep_reply(session: ChatSession, run: Run, from_state: str, to_state: str) -> bool:
+    """The reply of a run that had started joins the transcript of the current generation at the end of
+    the active branch (its user message, or the prompt it answers again); partial text of an aborted,
+    failed or timed-out run is kept, marked. Whether it was (the row's `active_leaf` is then to save)."""
     if (
         run.session_generation == session.session_id
         and from_state in ACTIVE_STATES
         and (to_state == RunState.DONE or run.reply or run.tool_calls)
     ):
         reply_part(session, run, run.reply, last_step=0, aborted=to_state != RunState.DONE)
+        return True
+    return False
 
 
 def reply_part(session: ChatSession, run: Run, text: str, *, last_step: int, aborted: bool = False) -> Message:
@@ -417,26 +439,25 @@ def reply_part(session: ChatSession, run: Run, text: str, *, last_step: int, abo
     steering messages (`lifecycle.steering`), one part before each of them and one at its end. A part
     holds the reply's text after the part before (`text` is the whole reply so far) and the calls of
     the steps after it, up to `last_step` (0: all the rest). Only a run that took steers (`Run.steers`)
-    reads its earlier parts."""
+    reads its earlier parts. Each part joins the active branch (`append_message`)."""
     start, first_step = 0, 1
     before = Message.objects.filter(run=run, role="assistant").order_by("-id").first() if run.steers else None
     if before is not None:
         start, first_step = before.reply_start + len(before.text), before.last_step + 1
         if text[start:].startswith("\n\n"):  # the paragraph break before a later step's text
             start += 2
-    return statements.insert(
-        Message(
-            session=session,
-            session_generation=session.session_id,
-            role="assistant",
-            text=text[start:],
-            run=run,
-            aborted=aborted,
-            reply_start=start,
-            first_step=first_step,
-            last_step=last_step,
-        )
+    part = Message(
+        session=session,
+        session_generation=session.session_id,
+        role="assistant",
+        text=text[start:],
+        aborted=aborted,
+        reply_start=start,
+        first_step=first_step,
+        last_step=last_step,
     )
+    part.run = run
+    return append_message(session, part)
 
 
 def _compare_and_set(run: Run, to_state: str, updates: dict[str, Any], *, events: int = 1) -> bool:

@@ -13,10 +13,12 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from sessions_app import files, gateway_reads, statements
-from sessions_app.lifecycle import steering
+from sessions_app.lifecycle import branches, steering
+from sessions_app.lifecycle.branches import Regeneration
 from sessions_app.lifecycle.core import (
     OUTCOME_FIELDS,
     REASON_FOR_STATE,
+    LifecycleError,
     Reply,
     dispatch_stamp,
     emit_run,
@@ -79,6 +81,14 @@ class SendRequest:
     # queue mode `steer`: whether the agent's backend takes steering messages at all (the rest of the
     # rule is `steering.can_take`)
     steerable: bool = False
+    # `expectedLeafEntryId` (`check_leaf`): admitted only while the session's active leaf is
+    # `expected_leaf` (None: an empty active branch), else INVALID_REQUEST `active-leaf-changed`
+    check_leaf: bool = False
+    expected_leaf: int | None = None
+    # chat.regenerate: the run starts a sibling branch of this message (`lifecycle.branches`)
+    regeneration: Regeneration | None = None
+    # the message the run's user message follows instead of the active leaf (a `previous_response_id`)
+    follows: int | None = None
 
 
 @dataclass
@@ -113,7 +123,7 @@ def admit_send(req: SendRequest, *, owner_process: str, actor: str = Actor.USER)
             keyed = gateway_reads.find_http_run(req.owner_id, req.run_id)
             if keyed is not None:
                 return replay_of(keyed, keyed.session, req.body_hash, lambda: gateway_reads.queue_position(keyed))
-        elif req.seen is not None and req.setup_error is None:
+        elif req.seen is not None and req.setup_error is None and req.regeneration is None:
             admitted = _admit_seen(req, req.seen, owner_process=owner_process, actor=actor)
             if admitted is not None:
                 return admitted
@@ -124,12 +134,22 @@ def admit_send(req: SendRequest, *, owner_process: str, actor: str = Actor.USER)
         if existing is not None:
             return replay_of(existing, session, req.body_hash, lambda: gateway_reads.queue_position(existing))
 
+        if req.check_leaf and session.active_leaf_id != req.expected_leaf:
+            raise LifecycleError(
+                "INVALID_REQUEST", "active branch changed; review and retry", reason="active-leaf-changed"
+            )
         base = _fields(req, session)
+        sibling = branches.sibling_of(session, req.regeneration) if req.regeneration is not None else None
+        if sibling is not None:
+            base.update(message=sibling.message, attachments=sibling.attachments, prompt_id=sibling.prompt_id)
         if req.setup_error is not None:
             failed = _admit_failed(session, base, req.setup_error, actor)
             if failed.run is not None:
                 _admitted(req, failed.run)
             return failed
+        if sibling is not None and sibling.leaf_id != session.active_leaf_id:
+            # the sibling branch starts where its first message goes (no run is open: `sibling_of`)
+            branches.move_leaf(session, sibling.leaf_id, reason="regenerate", actor=actor)
 
         active = statements.run("r.id = %s", [session.active_run_id]) if session.active_run_id else None
         if active is not None and req.queue_mode != "interrupt":
@@ -184,6 +204,7 @@ def _fields(req: SendRequest, session: ChatSession) -> dict[str, Any]:
         created_by_id=req.owner_id,
         surface=req.surface,
         request=req.request,
+        follows_id=req.follows,
     )
 
 
@@ -194,6 +215,8 @@ def _admit_seen(req: SendRequest, session: ChatSession, *, owner_process: str, a
     `version`) and takes its lock. None, with nothing written, when it is not (or when the send needs
     more than the row: an interrupt, a queue that may be full): admission under the lock decides."""
     queue = statements.known_queue(session)
+    if req.check_leaf and session.active_leaf_id != req.expected_leaf:
+        return None  # decided under the lock, with the row as it is then
     if queue is None or (
         session.active_run_id is not None and (req.queue_mode != "followup" or len(queue) >= settings.GATEWAY_QUEUE_MAX)
     ):

@@ -18,6 +18,7 @@ from sessions_app import signals, statements
 from sessions_app.lifecycle.core import (
     OUTCOME_FIELDS,
     LifecycleError,
+    append_message,
     kill,
     kill_all,
     lock_or_create_session,
@@ -180,15 +181,17 @@ def answer_command(
         )
         if command.effect == "answer":
             for role, body in (("user", command.text), ("assistant", reply)):
-                statements.insert(
+                append_message(
+                    session,
                     Message(
                         session=session,
                         session_generation=session.session_id,
                         role=role,
                         text=body,
                         command_key=command.key,
-                    )
+                    ),
                 )
+            save_row(session, "active_leaf")
             signals.command_stored.send(sender=CommandReceipt, session=session, receipt=receipt)
         return CommandAnswer(session, receipt, replayed=False)
 
@@ -254,7 +257,8 @@ def _reset(session: ChatSession, *, actor: str) -> list[str]:
     session.session_id = uuid.uuid4()
     take_outcome(session, None)  # a fresh transcript has no last run
     session.started_at = None
-    save_row(session, "session_id", "started_at", *OUTCOME_FIELDS)
+    session.active_leaf_id = None  # nor any message
+    save_row(session, "session_id", "started_at", "active_leaf", *OUTCOME_FIELDS)
     row_changed(session, reason="reset", actor=actor)
     return killed
 

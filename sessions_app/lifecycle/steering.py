@@ -18,6 +18,7 @@ from django.db import transaction
 
 from sessions_app import statements
 from sessions_app.lifecycle.core import (
+    append_message,
     emit_run,
     lock_run,
     next_queue_seq,
@@ -117,16 +118,11 @@ def deliver(run_pk: int, *, step: int, reply_text: str) -> list[Delivered] | Non
                 stop_reason=STEERED,
             ):
                 continue
-            statements.insert(
-                Message(
-                    session=session,
-                    session_generation=session.session_id,
-                    role="user",
-                    text=steer.message,
-                    run=steer,
-                )
-            )
+            message = Message(session=session, session_generation=session.session_id, role="user", text=steer.message)
+            message.run = steer
+            append_message(session, message)
             delivered.append(Delivered(steer.run_id, steer.message, list(steer.attachments or [])))
         run.steers += len(delivered)
         Run.objects.filter(pk=run.pk).update(steers=run.steers)  # under the session lock: nothing else writes it
+        save_row(session, "active_leaf")  # the part and the steers joined the active branch
         return delivered

@@ -25,6 +25,7 @@ from django.db import connection, models, transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from sessions_app import branches
 from sessions_app.models import ChatSession, LifecycleEvent, Message, Run, RunErrorKind, RunState, SessionStatus
 
 DEAD_PROCESS = "seed-dead-process"
@@ -265,6 +266,8 @@ def _write(batch: _Batch, inserters: list[_Inserter], result: SeedResult) -> Non
         result.runs += runs.insert(batch.runs)
         result.messages += messages.insert(batch.messages)
         result.audit += audit.insert(batch.audit)
+        if batch.messages:  # each transcript one branch (messages are inserted without parents)
+            branches.link_as_one_branch(sorted({m["session"] for m in batch.messages}))
 
 
 def _add_session(batch: _Batch, plan: _Plan, result: SeedResult, i: int, session_pk: int, run_pk: int) -> int:

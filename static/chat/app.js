@@ -5,12 +5,13 @@
 // the browser modules carry out their effects (effects.js, gateway.js) and draw (render.js).
 
 import { wireAttachments } from "./attachments.js";
+import { branchActions } from "./branches.js";
 import { autosize, setComposer } from "./composer.js";
 import { conversation } from "./conversation.js";
 import { runEffect } from "./effects.js";
-import { guarded } from "./failures.js";
-import { client, requestMoreSessions, requestOlder } from "./gateway.js";
-import { copyText, decideApproval, editLast, retryLast, sendComposer, stopRuns } from "./messageactions.js";
+import { guarded, reportFailure } from "./failures.js";
+import { call, client, requestHistory, requestMoreSessions, requestOlder } from "./gateway.js";
+import { copyText, decideApproval, retryLast, sendComposer, stopRuns } from "./messageactions.js";
 import { canonicalKey } from "./policy.js";
 import { render } from "./render.js";
 import { deleteSession, newSession, renameSession, resetSession, selectSession } from "./sessionactions.js";
@@ -58,6 +59,7 @@ els.composer.addEventListener("input", () => {
   autosize();
   dispatch({ type: "draft/set", key: state.currentKey, text: els.composer.value });
 });
+const branchAction = branchActions({ client, call, dispatch, requestHistory, scheduleRender, current: () => state, conversation, page, reportFailure });
 els.stop.addEventListener("click", stopRuns);
 wireAttachments();
 els.messageList.addEventListener("click", (ev) => {
@@ -76,13 +78,12 @@ els.messageList.addEventListener("click", (ev) => {
   const row = button.closest(".msg-row");
   const action = button.dataset.action;
   if (!row || !action) return;
+  if (branchAction(action, row.dataset.itemId, row)) return; // Regenerate, Edit, "‹ 2/3 ›"
   if (action === "copy") {
     const item = conversation(state, state.currentKey).find((i) => i.id === row.dataset.itemId);
     if (item) copyText(item.text, button);
   } else if (action === "retry") {
     retryLast();
-  } else if (action === "edit") {
-    editLast();
   }
 });
 els.search.addEventListener("input", () => {

@@ -79,7 +79,8 @@ function pushCards(out, runId, firstIds = []) {
 /** A user message of the transcript; with no reply there yet, its run's cards and live reply (or failure). */
 function pushUserMessage(out, m) {
   const { row } = out;
-  out.items.push({ id: m.runId ? `u:${m.runId}` : `m:${m.id}`, role: "user", runId: m.runId || null, text: textOf(m) || "", state: "final" });
+  const branch = { entryId: m.id, siblings: m.siblings || null }; // (docs/branches.md)
+  out.items.push({ id: m.runId ? `u:${m.runId}` : `m:${m.id}`, role: "user", runId: m.runId || null, text: textOf(m) || "", state: "final", ...branch });
   if (!m.runId || out.replies.has(m.runId)) return;
   const run = runOf(out.state, out.key, m.runId);
   pushCards(out, m.runId);
@@ -108,6 +109,8 @@ function pushReply(out, m) {
     text: reply.text,
     state: reply.aborted ? "aborted" : "final",
     details: detailsOf(reply.last) || (run && run.details) || null,
+    entryId: m.id,
+    siblings: m.siblings || null,
   };
   if (run && run.phase === "error" && !run.rejected) {
     item.state = "error";

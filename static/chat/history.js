@@ -47,7 +47,8 @@ function onOlderPage(s, key, conv, payload, messages) {
 
 /** The latest page replaces the transcript, keeping older pages of the same generation. */
 function takeLatestPage(s, key, conv, payload, messages) {
-  const sameGen = conv.sessionId && conv.sessionId === payload.sessionId;
+  // (after a branch change the older pages are of another branch: not kept)
+  const sameGen = conv.sessionId && conv.sessionId === payload.sessionId && !conv.replaceAll;
   let kept = [];
   if (sameGen && messages.length) {
     // Keep older pages the user scrolled back to.
@@ -60,6 +61,7 @@ function takeLatestPage(s, key, conv, payload, messages) {
       ...conv,
       loaded: true,
       loading: false,
+      replaceAll: false,
       sessionId: payload.sessionId || null,
       hasMore: kept.length ? conv.hasMore : Boolean(payload.hasMore),
       messages: [...kept, ...messages],

@@ -1,9 +1,8 @@
-// What the user does to messages: send, retry, edit, copy, stop, cancel a queued one, and decide an
+// What the user does to messages: send, retry, copy, stop, cancel a queued one, and decide an
 // approval. Browser only.
 
 import { attached, attachmentsBlock, takeAttachments } from "./attachments.js";
-import { setComposer } from "./composer.js";
-import { editTarget, retryTarget } from "./conversation.js";
+import { retryTarget } from "./conversation.js";
 import { reportFailure } from "./failures.js";
 import { call, client } from "./gateway.js";
 import { activity } from "./runs.js";
@@ -43,17 +42,6 @@ export function retryLast() {
   const keepDraft = els.composer.value !== target.text;
   page.stickToBottom = true;
   dispatch({ type: "send/request", key, runId: newRunId(), text: target.text, keepDraft });
-}
-
-/** Put the last user message back in the composer, to change it and send it again. */
-export function editLast() {
-  const key = state.currentKey;
-  const target = editTarget(state, key);
-  if (!target) return;
-  setComposer(target.text);
-  dispatch({ type: "draft/set", key, text: target.text });
-  els.composer.focus();
-  els.composer.setSelectionRange(target.text.length, target.text.length);
 }
 
 /** Copy `text` to the clipboard; `button` says whether it worked for a moment. */

@@ -8,6 +8,7 @@ import { setAttr, setText } from "./dom.js";
 import { renderMarkdown } from "./markdown.js";
 import { cancelQueued } from "./messageactions.js";
 import { TERMINAL_PHASES } from "./model.js";
+import { activity } from "./runs.js";
 import { state } from "./store.js";
 import { formatDetails } from "./texts.js";
 import { createToolCard, updateCountdown, updateToolCard } from "./toolcard.js";
@@ -62,7 +63,9 @@ function messageElement(item) {
     runMeta.hidden = true;
     foot.append(runMeta);
   }
-  const actions = item.role === "user" ? [["copy", "Copy"], ["edit", "Edit"], ["retry", "Retry"]] : [["copy", "Copy"], ["retry", "Retry"]];
+  foot.append(branchNav());
+  const actions =
+    item.role === "user" ? [["copy", "Copy"], ["edit", "Edit"], ["retry", "Retry"]] : [["copy", "Copy"], ["regenerate", "Regenerate"], ["retry", "Retry"]];
   for (const [action, label] of actions) {
     const button = document.createElement("button");
     button.type = "button";
@@ -73,8 +76,49 @@ function messageElement(item) {
     button.hidden = action !== "copy";
     foot.append(button);
   }
-  row.append(el, foot);
+  if (item.role === "user") row.append(el, editor(), foot);
+  else row.append(el, foot);
   return row;
+}
+
+/** A small button of a message row, acting by `data-action`. */
+function smallButton(action, label, testid = action) {
+  const button = document.createElement("button");
+  button.type = "button";
+  button.className = "btn btn-quiet btn-small msg-action";
+  button.dataset.testid = testid;
+  button.dataset.action = action;
+  button.textContent = label;
+  return button;
+}
+
+/** "‹ 2/3 ›" between a message's siblings (hidden when it has none). */
+function branchNav() {
+  const nav = document.createElement("span");
+  nav.className = "branch-nav";
+  nav.dataset.testid = "branch-nav";
+  nav.hidden = true;
+  const position = document.createElement("span");
+  position.dataset.testid = "branch-position";
+  const prev = smallButton("branch-prev", "‹");
+  prev.setAttribute("aria-label", "Previous branch");
+  const next = smallButton("branch-next", "›");
+  next.setAttribute("aria-label", "Next branch");
+  nav.append(prev, position, next);
+  return nav;
+}
+
+/** The editor of a user message: the edited text is sent as a sibling branch (chat.regenerate). */
+function editor() {
+  const form = document.createElement("div");
+  form.className = "msg-editor";
+  form.dataset.testid = "editor";
+  form.hidden = true;
+  const box = document.createElement("textarea");
+  box.dataset.testid = "edit-box";
+  box.setAttribute("aria-label", "Edit your message");
+  form.append(box, smallButton("edit-send", "Send"), smallButton("edit-cancel", "Cancel"));
+  return form;
 }
 
 /** Bring the status line `metaEl` of a message of session `key` up to date (rebuilt only when it changed). */
@@ -101,8 +145,9 @@ function updateMeta(metaEl, item, key) {
   }
 }
 
-/** The row under a message: a finished reply's details, and Copy, Edit and Retry where they apply. */
-function updateFoot(foot, item, { retry, edit }) {
+/** The row under a message: a finished reply's details, its siblings, and Copy, Edit, Regenerate and Retry
+ * where they apply (Edit and Regenerate make a sibling branch; Retry sends a refused message again). */
+function updateFoot(foot, item, { retry, edit, idle }) {
   const ended = TERMINAL_PHASES.has(item.state);
   const details = item.role === "assistant" && ended ? formatDetails(item.details) : "";
   const part = (testid) => foot.querySelector(`[data-testid="${testid}"]`);
@@ -115,12 +160,27 @@ function updateFoot(foot, item, { retry, edit }) {
   copyBtn.hidden = !item.text || item.state === "streaming";
   setAttr(copyBtn, "aria-label", item.role === "user" ? "Copy your message" : "Copy the reply");
   if (editBtn) {
-    editBtn.hidden = !(edit && edit.itemId === item.id);
+    editBtn.hidden = !(edit && edit.itemId === item.id && item.state === "final") || Boolean(page.editing);
+    editBtn.disabled = !idle;
     setAttr(editBtn, "aria-label", "Edit your last message");
   }
-  retryBtn.hidden = !(retry && retry.itemId === item.id);
+  const regenerateBtn = part("regenerate");
+  if (regenerateBtn) {
+    regenerateBtn.hidden = !(retry && retry.itemId === item.id);
+    regenerateBtn.disabled = !(retry && retry.enabled);
+    setAttr(regenerateBtn, "aria-label", "Regenerate the reply");
+  }
+  retryBtn.hidden = !(retry && retry.itemId === item.id && item.role === "user");
   retryBtn.disabled = !(retry && retry.enabled);
   setAttr(retryBtn, "aria-label", "Run the last message again");
+  const nav = part("branch-nav");
+  const sib = item.siblings;
+  nav.hidden = !sib;
+  if (sib) {
+    setText(part("branch-position"), `${sib.index}/${sib.count}`);
+    part("branch-prev").disabled = sib.index <= 1 || !idle;
+    part("branch-next").disabled = sib.index >= sib.count || !idle;
+  }
   foot.hidden = [...foot.children].every((child) => child.hidden);
 }
 
@@ -144,7 +204,7 @@ function updateAttachments(el, item) {
 }
 
 /** Bring `row` up to date with conversation item `item` of session `key`. */
-function updateMessageRow(row, item, { key, retry, edit, now }) {
+function updateMessageRow(row, item, { key, retry, edit, idle, now }) {
   row.dataset.itemId = item.id;
   if (item.role === "tool") {
     updateToolCard(row, item.view, { now });
@@ -161,7 +221,8 @@ function updateMessageRow(row, item, { key, retry, edit, now }) {
   if (body.dataset.testid === "markdown") renderMarkdown(body, item.text, { final: item.state !== "streaming" });
   else setText(body, item.text);
   updateMeta(el.children[1], item, key);
-  updateFoot(row.lastChild, item, { retry, edit });
+  if (item.role === "user") row.children[1].hidden = !(page.editing && page.editing.itemId === item.id);
+  updateFoot(row.lastChild, item, { retry, edit, idle });
 }
 
 /** A session opened from its "needs approval" row: its pending prompt is scrolled into view once loaded. */
@@ -187,7 +248,9 @@ export function renderMessages() {
     page.stickToBottom = true;
   }
   const items = conversation(state, key);
-  const context = { key, retry: retryTarget(state, key, items), edit: editTarget(state, key, items), now: Date.now() };
+  const act = activity(state, key);
+  const idle = !act.active && !act.pending && act.queued === 0;
+  const context = { key, retry: retryTarget(state, key, items), edit: editTarget(state, key, items), idle, now: Date.now() };
   const conv = state.convs[key];
   const nearBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 80;
   const heightBefore = box.scrollHeight;

@@ -62,6 +62,8 @@ export function settle(s, run, phase, fields, by) {
   if (phase === "error") next = restoreDraft(s, next);
   putRun(s, next);
   endRunTools(s, next.key, next.id); // no tool card spins after its run ended
+  // a regenerated or edited branch's run: history then has its reply with its siblings (branches.js)
+  if (next.reloadOnEnd && next.key === s.currentKey) effect(s, { type: "history", key: next.key });
   return next;
 }
 

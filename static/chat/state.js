@@ -13,6 +13,7 @@
 // what they all share; the selectors are in those modules and conversation.js.
 
 import { FALLBACK_COMMANDS, commandsFrom } from "./commands.js";
+import { branchHandlers } from "./branches.js";
 import { historyHandlers } from "./history.js";
 import { effect } from "./model.js";
 import { DEFAULT_POLICY, policyFrom } from "./policy.js";
@@ -166,7 +167,7 @@ function tableOf(...tables) {
 }
 
 /** Every action the reducer knows, by `type`: `(s, action)` changes the draft state `s`. */
-const HANDLERS = tableOf(connectionHandlers, sendHandlers, sessionHandlers, historyHandlers, approvalHandlers, otherHandlers);
+const HANDLERS = tableOf(connectionHandlers, sendHandlers, sessionHandlers, historyHandlers, branchHandlers, approvalHandlers, otherHandlers);
 
 /** Apply one action; returns the next state (the input is not changed). An unknown action changes only `tick`. */
 export function reduce(state, action) {

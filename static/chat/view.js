@@ -54,4 +54,5 @@ export const page = {
   renderedAgents: null, // the `state.agents` the agent picker was last built from
   countdownTimer: null, // ticks the approval countdowns once a second while one is shown
   revealApproval: null, // a session opened from its "needs approval" row: scroll its pending approval into view
+  editing: null, // `{itemId, text}`: the user message whose editor is open (branches.js)
 };

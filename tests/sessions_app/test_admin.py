@@ -19,13 +19,15 @@ from django.urls import reverse
 from django.utils import timezone
 
 from sessions_app import operator_reads
-from sessions_app.lifecycle import operators
+from sessions_app.lifecycle import operators, runs
 from sessions_app.lifecycle import sessions as session_services
-from sessions_app.models import ChatSession, LifecycleEvent, Run, RunState, SessionStatus
+from sessions_app.lifecycle.branches import Regeneration
+from sessions_app.models import ChatSession, LifecycleEvent, Message, Run, RunState, SessionStatus
 from sessions_app.operations.seed import seed_demo_data
 from sessions_app.run_requests import ClientTool, RunRequest
 from tests.support import opsdata
 from tests.support.communicator import open_client
+from tests.support.db import admit_send
 
 CHANGELIST = "admin:sessions_app_chatsession_changelist"
 
@@ -168,6 +170,20 @@ def test_detail_page_shows_runs_and_timeline(admin_client: Client, planted: dict
     assert "<td>send</td>" in html and "<td>queued</td>" in html and "<td>user</td>" in html
     for action in ("abort_runs", "mark_failed", "reset_sessions"):
         assert f'value="{action}"' in html
+
+
+def test_detail_page_shows_the_active_branch_and_the_others(admin_client: Client, db: None) -> None:
+    owner = opsdata.user("branchy")
+    first = admit_send(owner, "b1", "pick a colour")
+    assert first.run is not None and runs.finish_run(first.run.pk, RunState.DONE, owner_process="", reply="Blue.")
+    blue = Message.objects.get(run=first.run, role="assistant")
+    again = admit_send(owner, "b2", "", regeneration=Regeneration(blue.pk))
+    assert again.run is not None and runs.finish_run(again.run.pk, RunState.DONE, owner_process="", reply="Green.")
+    green = Message.objects.get(run=again.run, role="assistant")
+    html = admin_client.get(reverse("admin:sessions_app_chatsession_change", args=[first.session.pk])).content.decode()
+    assert "pick a colour" in html and "Green." in html and "Blue." not in html  # the active branch only
+    assert f"#{green.pk} (2 messages, active), #{blue.pk} (2 messages)" in html
+    assert "regenerate" in html  # the leaf's move is in the timeline
 
 
 def test_a_runs_page_shows_what_its_http_request_gave_it(admin_client: Client, db: None) -> None:
@@ -480,7 +496,7 @@ def test_detail_page_queries_do_not_grow_with_runs(
     assert _count_queries(admin_client, reverse(url, args=[small.pk])) == _count_queries(
         admin_client, reverse(url, args=[large.pk])
     )
-    with django_assert_max_num_queries(10):
+    with django_assert_max_num_queries(12):  # (two of them the transcript's tree and the texts shown)
         admin_client.get(reverse(url, args=[large.pk]))
     run_url = reverse("admin:sessions_app_run_changelist")
     with django_assert_max_num_queries(6):

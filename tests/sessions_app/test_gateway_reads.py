@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 
 from sessions_app import gateway_reads, statements
 from sessions_app.lifecycle import runs, sessions
-from sessions_app.models import Message
+from sessions_app.models import ChatSession, Message, RunState
 
 pytestmark = pytest.mark.django_db
 
@@ -43,14 +43,24 @@ def test_transcript_pages_and_open_runs(owner: Any, request_for: Callable[..., A
     first = runs.admit_send(request_for("r1"), owner_process="")
     runs.admit_send(request_for("r2"), owner_process="")
     session = first.session
-    for i in range(4):
-        Message.objects.create(session=session, session_generation=session.session_id, role="user", text=f"m{i}")
+    chain(session, [f"m{i}" for i in range(4)])
     page = gateway_reads.transcript(session, limit=3)
     assert [m.text for m in page.messages] == ["m1", "m2", "m3"] and page.has_more
     older = gateway_reads.transcript(session, limit=3, before_id=page.messages[0].pk)
     assert [m.text for m in older.messages] == ["hello", "m0"] and not older.has_more
     assert page.active is not None and page.active.run_id == "r1"
     assert [r.run_id for r in page.queued] == ["r2"]
+
+
+def chain(session: ChatSession, texts: list[str]) -> None:
+    """Messages appended to the session's active branch, as the lifecycle appends them."""
+    parent = session.active_leaf_id
+    for text in texts:
+        parent = Message.objects.create(
+            session=session, session_generation=session.session_id, role="user", text=text, parent_id=parent
+        ).pk
+    ChatSession.objects.filter(pk=session.pk).update(active_leaf_id=parent)
+    session.active_leaf_id = parent
 
 
 def test_queue_position(request_for: Callable[..., Any]) -> None:
@@ -61,15 +71,20 @@ def test_queue_position(request_for: Callable[..., Any]) -> None:
 
 
 def test_context_is_bounded_by_what_the_backend_reads(request_for: Callable[..., Any]) -> None:
-    outcome = runs.admit_send(request_for("r1", "latest"), owner_process="")
-    run, session = outcome.run, outcome.session
-    assert run is not None
-    Message.objects.bulk_create(
-        Message(session=session, session_generation=session.session_id, role="user", text=f"old{i}") for i in range(50)
+    first = runs.admit_send(request_for("r0", "first"), owner_process="")
+    assert first.run is not None and runs.finish_run(first.run.pk, RunState.DONE, owner_process="", reply="ok")
+    session = ChatSession.objects.get(pk=first.session.pk)
+    chain(session, [f"old{i}" for i in range(50)])
+    side = Message.objects.create(  # a sibling branch of the last one: not this run's
+        session=session, session_generation=session.session_id, role="user", text="other branch", parent_id=None
     )
+    outcome = runs.admit_send(request_for("r1", "latest"), owner_process="")
+    run = outcome.run
+    assert run is not None and side.pk not in {m.pk for m in gateway_reads.context_messages(run, limit=1000)}
     assert gateway_reads.context_messages(run, limit=0) == []
-    # the newest messages of the generation, oldest first, however long the session is
-    assert [m.text for m in gateway_reads.context_messages(run, limit=3)] == ["old47", "old48", "old49"]
+    # the newest messages of the run's branch up to its own message, oldest first, however long it is
+    assert [m.text for m in gateway_reads.context_messages(run, limit=3)] == ["old48", "old49", "latest"]
+    assert len(gateway_reads.context_messages(run, limit=1000)) == 53  # first, ok, old0..old49, latest
 
 
 def test_open_run_counts(request_for: Callable[..., Any]) -> None:

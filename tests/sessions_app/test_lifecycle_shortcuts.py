@@ -67,7 +67,8 @@ def test_a_send_against_the_session_as_read_starts_in_one_write_of_each(
     with CaptureQueriesContext(connection) as queries, django_capture_on_commit_callbacks(execute=True):
         outcome = runs.admit_send(req, owner_process="proc-a")
     kinds = [q["sql"].split(None, 1)[0].upper() for q in queries]
-    assert [k for k in kinds if k not in ("BEGIN", "SAVEPOINT", "RELEASE")] == ["INSERT", "UPDATE", "INSERT", "INSERT"]
+    # the run, the user's message, the row (which names that message its active leaf), the audit row
+    assert [k for k in kinds if k not in ("BEGIN", "SAVEPOINT", "RELEASE")] == ["INSERT", "INSERT", "UPDATE", "INSERT"]
     assert outcome.admission == "started" and outcome.run is not None
     run = Run.objects.get(pk=outcome.run.pk)
     assert (run.state, run.owner_process, run.stream_seq, run.queue_seq) == (RunState.DISPATCHING, "proc-a", 1, 2)

@@ -132,3 +132,30 @@ def test_0007_and_0008_keep_what_every_key_could_do(executor: MigrationExecutor)
     migrate(executor, RECEIPTS)
     again = migrate(executor, STAFF_KEYS).get_model("sessions_app", "ApiToken")
     assert sorted(t.scopes[-1] for t in again.objects.all()) == ["admin", "admin", "approvals"]
+
+
+def test_0012_makes_each_transcript_one_branch_ending_at_its_newest_message(executor: MigrationExecutor) -> None:
+    old = migrate(executor, [("sessions_app", "0011_stored_files")])
+    user = old.get_model("auth", "User").objects.create(username="old", password="x")
+    ChatSession, Message = old.get_model("sessions_app", "ChatSession"), old.get_model("sessions_app", "Message")
+    talked = ChatSession.objects.create(owner=user, key="agent:main:talked")
+    reset = ChatSession.objects.create(owner=user, key="agent:main:reset")
+    silent = ChatSession.objects.create(owner=user, key="agent:main:silent")
+    earlier = uuid.uuid4()  # `reset`'s transcript before its reset
+    rows = [
+        (talked, talked.session_id, "user", "a"),
+        (reset, earlier, "user", "old"),
+        (talked, talked.session_id, "assistant", "b"),
+        (reset, earlier, "assistant", "old reply"),
+        (reset, reset.session_id, "user", "new"),
+        (talked, talked.session_id, "user", "c"),
+    ]
+    made = [Message.objects.create(session=s, session_generation=g, role=role, text=text) for s, g, role, text in rows]
+
+    new = migrate(executor, [("sessions_app", "0012_message_branches")])
+    Message, ChatSession = new.get_model("sessions_app", "Message"), new.get_model("sessions_app", "ChatSession")
+    parents = dict(Message.objects.values_list("text", "parent__text"))
+    assert parents == {"a": None, "b": "a", "c": "b", "old": None, "old reply": "old", "new": None}
+    leaves = dict(ChatSession.objects.values_list("key", "active_leaf_id"))
+    assert leaves == {"agent:main:talked": made[5].pk, "agent:main:reset": made[4].pk, "agent:main:silent": None}
+    assert silent.pk in ChatSession.objects.values_list("pk", flat=True)

@@ -93,6 +93,10 @@ async def _admit(owner_id: int, send: send_params.ChatSendParams, seen: ChatSess
         on_admitted=send.on_admitted,
         owner_scoped_key=send.owner_scoped_key,
         seen=seen,
+        check_leaf=send.check_leaf,
+        expected_leaf=send.expected_leaf,
+        regeneration=send.regeneration,
+        follows=send.follows,
     )
     admitted: SendOutcome = await call(runs.admit_send, request, owner_process=runtime.owner_for_new_runs())
     return admitted

@@ -20,6 +20,7 @@ from chat.methods.commands import command_line, parse_command
 from chat.protocol.errors import invalid
 from chat.protocol.fields import CONTROL_RE, RUN_ID_RE, get_int, get_str, require_unicode
 from chat.protocol.keys import session_key_param
+from sessions_app.lifecycle.branches import Regeneration
 from sessions_app.models import Run, RunSurface, SessionKind
 
 MIME_RE = re.compile(r"(image|text)/[A-Za-z0-9.+-]+|application/(pdf|json)")
@@ -122,6 +123,12 @@ class ChatSendParams:
     request_hash: str = ""
     on_admitted: Callable[[Run], None] | None = None  # `SendRequest.on_admitted`
     owner_scoped_key: bool = False  # `SendRequest.owner_scoped_key`
+    # Branches (docs/branches.md): `expectedLeafEntryId` (`SendRequest.check_leaf`), chat.regenerate's
+    # sibling, a `previous_response_id`'s own branch (`SendRequest.follows`).
+    check_leaf: bool = False
+    expected_leaf: int | None = None
+    regeneration: Regeneration | None = None
+    follows: int | None = None
 
     @property
     def body_hash(self) -> str:
@@ -171,7 +178,10 @@ def parse_chat_send(params: dict[str, Any]) -> ChatSendParams:
     steer = queue_mode == "steer"  # OpenClaw's Control UI sends it when typing during a run
     text = command_line(message)
     command = None if attachments else parse_command(text, agent_id)
+    check_leaf, expected_leaf = expected_leaf_param(params)
     return ChatSendParams(
+        check_leaf=check_leaf,
+        expected_leaf=expected_leaf,
         key=key,
         agent_id=agent_id,
         message=message,
@@ -185,3 +195,17 @@ def parse_chat_send(params: dict[str, Any]) -> ChatSendParams:
         command_arg=command[1] if command else None,
         command_text=text.strip() if command else "",
     )
+
+
+def expected_leaf_param(params: dict[str, Any]) -> tuple[bool, int | None]:
+    """`expectedLeafEntryId` (OpenClaw's): absent, no check; null, the active branch must be empty; an
+    entry id, it must be the active leaf (an id of no message here never is)."""
+    if "expectedLeafEntryId" not in params:
+        return False, None
+    value = params["expectedLeafEntryId"]
+    if value is None:
+        return True, None
+    if not isinstance(value, str) or not value.strip():
+        raise invalid("expectedLeafEntryId must be a non-empty string or null", field="expectedLeafEntryId")
+    value = value.strip()
+    return True, int(value) if value.isdigit() and len(value) < 19 else -1

@@ -13,7 +13,7 @@ from django.utils import timezone
 from chat.base.availability import Unavailable
 from chat.base.db import db_read
 from chat.delivery import groups
-from chat.methods import session_settings
+from chat.methods import branches, session_settings
 from chat.methods.commands import command
 from chat.methods.registry import Conn, Reply, call, method
 from chat.methods.send import params as send_params
@@ -126,6 +126,10 @@ async def sessions_create(conn: Conn, params: dict[str, Any]) -> Reply:
     opens a new chat) also sent, as chat.send sends it, under the create's idempotencyKey."""
     p = sessions_params.parse_sessions_create(params)
     owner_id = conn.state.user_id
+    if params.get("fork") is True and params.get("parentSessionKey") is not None:
+        # OpenClaw's Fork of a whole session (docs/branches.md)
+        forked = await branches.create_fork(conn, params, p.key)
+        return Reply(session_answer(await db_read(row_of, forked), runStarted=False))
     first = p.first
     try:
         session = await call(sessions.create_session, owner_id=owner_id, key=p.key, label=p.label, agent_id=p.agent_id)

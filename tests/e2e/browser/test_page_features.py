@@ -171,7 +171,7 @@ def test_new_chat_with_a_chosen_agent_shows_agent_and_model(
 # --- message actions ----------------------------------------------------------------------------------------
 
 
-def test_copy_edit_and_retry_through_chat_send(
+def test_copy_and_regenerate_and_edit_as_branches(
     gateway_server: GatewayServer, open_page: Any, new_user: Callable[[], str]
 ) -> None:
     page = with_clipboard(open_page(gateway_server, new_user()))
@@ -184,47 +184,62 @@ def test_copy_edit_and_retry_through_chat_send(
     user_row.get_by_test_id("copy").click()
     assert clipboard(page) == "first question"
 
-    # Retry: the same text again as a new run, with a new idempotency key.
-    retry = page.get_by_test_id("retry").locator("visible=true")
-    expect(retry).to_have_count(1)
-    expect(retry).to_be_enabled()
-    first_id = messages(page, "user").first.get_attribute("data-run-id")
-    retry.click()
-    expect(messages(page, "user")).to_have_text(["first question", "first question"])
-    expect(messages(page, "assistant", "final")).to_have_count(2)
-    second_id = messages(page, "user").last.get_attribute("data-run-id")
-    assert second_id and second_id != first_id
+    # Regenerate: a new reply to the same message, as a sibling branch; the first stays, one click away.
+    regenerate = page.get_by_test_id("regenerate").locator("visible=true")
+    expect(regenerate).to_have_count(1)
+    expect(page.get_by_test_id("retry").locator("visible=true")).to_have_count(0)
+    first_run = messages(page, "assistant").first.get_attribute("data-run-id")
+    regenerate.click()
+    position = reply_row.get_by_test_id("branch-position")
+    expect(position).to_have_text("2/2")
+    expect(messages(page, "user")).to_have_text(["first question"])
+    expect(messages(page, "assistant", "final")).to_have_count(1)
+    second_run = messages(page, "assistant").first.get_attribute("data-run-id")
+    assert second_run and second_run != first_run
+    rows(page).filter(has=messages(page, "assistant")).get_by_test_id("branch-prev").click()
+    expect(rows(page).filter(has=messages(page, "assistant")).get_by_test_id("branch-position")).to_have_text("1/2")
+    expect(messages(page, "assistant")).to_have_attribute("data-run-id", first_run or "")
 
-    # While a run is active there is no retry (the last reply is the one streaming).
+    # While a run is active there is nothing to regenerate (the last reply is the one streaming).
     send(page, "long one [[words:60]] [[tick:80]]")
     expect(messages(page, "assistant", "streaming")).to_contain_text("word2")
-    expect(page.get_by_test_id("retry").locator("visible=true")).to_have_count(0)
+    expect(page.get_by_test_id("regenerate").locator("visible=true")).to_have_count(0)
     page.get_by_test_id("stop").click()
     expect(messages(page, "assistant", "aborted")).to_have_count(1)
-    # A stopped reply can run again.
-    expect(page.get_by_test_id("retry").locator("visible=true")).to_be_enabled()
+    expect(page.get_by_test_id("regenerate").locator("visible=true")).to_be_enabled()
 
-    # Edit puts the last user message back in the composer; sending it is a normal send.
+    # Edit: the last user message, changed in place, goes as a sibling of it; the model gets the new text.
     edit = page.get_by_test_id("edit").locator("visible=true")
     expect(edit).to_have_count(1)
     edit.click()
-    composer = page.get_by_test_id("composer")
-    expect(composer).to_have_value("long one [[words:60]] [[tick:80]]")
-    composer.fill("short one")
-    composer.press("Enter")
+    box = page.get_by_test_id("edit-box").locator("visible=true")
+    expect(box).to_have_value("long one [[words:60]] [[tick:80]]")
+    box.fill("short one")
+    page.get_by_test_id("edit-send").locator("visible=true").click()
     expect(messages(page, "assistant", "final").last).to_have_text("echo: short one")
+    expect(messages(page, "user")).to_have_text(["first question", "short one"])
+    edited = rows(page).filter(has=messages(page, "user")).last
+    expect(edited.get_by_test_id("branch-position")).to_have_text("2/2")
+    edited.get_by_test_id("branch-prev").click()
+    expect(messages(page, "user")).to_have_text(["first question", "long one [[words:60]] [[tick:80]]"])
+    expect(messages(page, "assistant", "aborted")).to_have_count(1)
+    # and the page after a reload shows the same branch
+    page.reload()
+    expect(messages(page, "user")).to_have_text(["first question", "long one [[words:60]] [[tick:80]]"])
+    expect(rows(page).filter(has=messages(page, "user")).last.get_by_test_id("branch-position")).to_have_text("1/2")
 
 
-def test_failed_reply_shows_kind_and_message_and_retries(
+def test_failed_reply_shows_kind_and_message_and_regenerates(
     gateway_server: GatewayServer, open_page: Any, new_user: Callable[[], str]
 ) -> None:
     page = open_page(gateway_server, new_user())
     send(page, "break it [[fail:dispatch]]")
     failed = messages(page, "assistant", "error")
     expect(failed).to_contain_text("Error (dispatch): scripted agent failed to dispatch")
-    page.get_by_test_id("retry").locator("visible=true").click()
-    expect(messages(page, "assistant", "error")).to_have_count(2)
-    expect(messages(page, "user")).to_have_text(["break it [[fail:dispatch]]"] * 2)
+    page.get_by_test_id("regenerate").locator("visible=true").click()
+    expect(rows(page).filter(has=messages(page, "user")).get_by_test_id("branch-position")).to_have_text("2/2")
+    expect(messages(page, "assistant", "error")).to_have_count(1)
+    expect(messages(page, "user")).to_have_text(["break it [[fail:dispatch]]"])
 
 
 def test_run_details_show_duration_and_usage_after_reload(

@@ -222,3 +222,17 @@ def test_input_files_are_attachments_within_the_limits(gw: Gateway) -> None:
         == "input[0].content"
     )
     assert run_count(gw) == before
+
+
+# --- a response continued twice: each continuation is a branch of its own ---------------------------------
+
+
+def test_two_continuations_of_one_response_each_send_the_model_their_own_branch(gw: Gateway, fake: FakeOpenAI) -> None:
+    client = gw.sdk()
+    first = client.responses.create(model="oa", input="I am Zed.")
+    left = client.responses.create(model="oa", input="left", previous_response_id=first.id)
+    right = client.responses.create(model="oa", input="right", previous_response_id=first.id)
+    start = [user("I am Zed."), assistant(first.output_text)]
+    assert sent(right.output_text) == [*start, user("right")]  # not `left` and its answer
+    more = client.responses.create(model="oa", input="more", previous_response_id=left.id)
+    assert sent(more.output_text) == [*start, user("left"), assistant(left.output_text), user("more")]

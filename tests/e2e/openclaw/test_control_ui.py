@@ -266,6 +266,36 @@ def test_typing_during_a_run_steers_it(ui: ControlUi, user: Gateway) -> None:
     user.assert_idle()
 
 
+def test_fork_from_a_user_message_opens_a_new_session_with_the_branch_before_it(ui: ControlUi, user: Gateway) -> None:
+    """The Control UI's "Fork from here" (`sessions.fork`): a new session holding the conversation before
+    the message, opened, its composer seeded with the message."""
+    for text in ("cui-fork one", "cui-fork two"):
+        ui.send(text)
+        ui.wait_pane(f"echo: {text}")
+        ui.wait_idle()
+    history = user.call("chat.history", {"sessionKey": MAIN, "limit": 20})["messages"]
+    two = [m for m in history if m["role"] == "user" and m["content"][0]["text"] == "cui-fork two"][-1]
+    before = {r["key"] for r in user.rows()}
+    target = ui.pane().locator(f'[data-entry-id="{two["id"]}"]').first
+    wait_for(lambda: target.count() > 0, timeout=10, what="the message's entry in the pane", dump=ui.dump)
+    target.click(button="right")
+    ui.page.get_by_text("Fork from here", exact=True).first.click()
+    wait_for(
+        lambda: ui.composer().input_value() == "cui-fork two",
+        timeout=15,
+        what="the composer seeded with the message",
+        dump=ui.dump,
+    )
+    new = [r for r in user.rows() if r["key"] not in before]
+    assert len(new) == 1, new
+    forked = user.call("chat.history", {"sessionKey": new[0]["key"], "limit": 50})["messages"]
+    said = [(m["role"], m["content"][0]["text"]) for m in forked if m["role"] in ("user", "assistant")]
+    assert said[-2:] == [("user", "cui-fork one"), ("assistant", "echo: cui-fork one")], said
+    ui.composer().fill("")
+    ui.check()
+    user.assert_idle()
+
+
 def test_new_gives_a_fresh_session(ui: ControlUi, user: Gateway) -> None:
     before = {r["key"]: r["sessionId"] for r in user.rows()}
     ui.send("/new")
