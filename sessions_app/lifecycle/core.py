@@ -18,7 +18,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from sessions_app import signals, statements
-from sessions_app.lifecycle import toolstate
+from sessions_app.lifecycle import toolstate, usage
 from sessions_app.models import (
     ACTIVE_STATES,
     TERMINAL_STATES,
@@ -307,6 +307,8 @@ def transition(
             text.announce(seq)
         if not terminal:
             return True
+        if run.budget is not None:
+            usage.release(run)  # what it still holds of its reservation, back to its budgets
         was_active, changed = _release_row(session, run, from_state)
         _keep_reply(session, run, from_state, to_state)
         emit_run(

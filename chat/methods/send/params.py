@@ -119,6 +119,7 @@ class ChatSendParams:
     request_hash: str = ""
     on_admitted: Callable[[Run], None] | None = None  # `SendRequest.on_admitted`
     owner_scoped_key: bool = False  # `SendRequest.owner_scoped_key`
+    api_token_id: int | None = None  # the API key an HTTP request came with (its budgets apply)
 
     @property
     def body_hash(self) -> str:
