@@ -16,9 +16,12 @@ import pytest
 from channels.db import database_sync_to_async
 from django.utils import timezone
 
+from chat.httpapi.app import HttpApi
 from sessions_app.lifecycle import runs
 from sessions_app.lifecycle.usage import forget_budget_check
-from sessions_app.models import Budget, BudgetScope, ChatSession, Run, RunState, ToolCall, UsageRecord
+from sessions_app.models import ApiToken, Budget, BudgetScope, ChatSession, Run, RunState, ToolCall, UsageRecord
+from sessions_app.operations.prune import prune_sessions
+from tests.chat.test_httpapi_app import chat, inner, post
 from tests.support.communicator import open_client
 from tests.support.db import send_params
 from tests.support.fake_openai import FakeOpenAI, Reply, ToolCallReply, agent_config, tool_reply
@@ -153,8 +156,6 @@ async def test_a_call_cut_by_its_processes_death_is_recorded_unknown_and_its_res
 
 
 async def test_usage_outlives_the_pruned_transcript(client):
-    from sessions_app.operations.prune import prune_sessions  # a domain operation, called as its command does
-
     await send(client, "s", "r1", "[[tick:0]] one two")
     await client.wait_terminal("r1")
     await client.drain(0.2)
@@ -261,3 +262,13 @@ async def test_max_run_tokens_caps_one_run(tool_client, fake, settings, llm):
     await send(tool_client, LLM, "r1", "1+1?")
     final = await tool_client.wait_terminal("r1", timeout=30)
     assert final["stopReason"] == "budget" and len(fake.requests) == 1
+
+
+async def test_over_http_a_spent_budget_of_the_api_key_is_429_insufficient_quota(alice, settings):
+    token = await database_sync_to_async(lambda: ApiToken.objects.get(user=alice[0]))()
+    await make_budget(name="key cap", scope=BudgetScope.API_KEY, api_token=token, max_tokens=1, period="week")
+    request, exchange = post("/v1/chat/completions", alice[1], chat("hello", stream=False))
+    await HttpApi(inner)(request, exchange.receive, exchange.send)
+    error = json.loads(exchange.body)["error"]
+    assert exchange.status == 429 and error["code"] == "insufficient_quota" and "key cap" in error["message"]
+    assert not await database_sync_to_async(Run.objects.exists)()
