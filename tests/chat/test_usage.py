@@ -272,3 +272,33 @@ async def test_over_http_a_spent_budget_of_the_api_key_is_429_insufficient_quota
     error = json.loads(exchange.body)["error"]
     assert exchange.status == 429 and error["code"] == "insufficient_quota" and "key cap" in error["message"]
     assert not await database_sync_to_async(Run.objects.exists)()
+
+
+# --- seeing it ------------------------------------------------------------------------------------------
+
+
+async def test_usage_status_and_sessions_usage_answer_in_openclaws_shapes(tool_client, fake, alice, settings):
+    settings.GATEWAY_BUDGET_OUTPUT_TOKENS = 10
+    await make_budget(name="alice tokens", scope=BudgetScope.USER, user=alice[0], max_tokens=1000, period="month")
+    fake.push(Reply(chunks=["ok"], usage={"prompt_tokens": 100, "completion_tokens": 50}, cached_tokens=30))
+    await send(tool_client, LLM, "r1", "hi")
+    await tool_client.wait_terminal("r1", timeout=30)
+    await tool_client.drain(0.2)
+
+    status = await tool_client.ok("usage.status")
+    (provider,) = status["providers"]
+    (window,) = provider["windows"]
+    assert window["label"] == "alice tokens" and window["usedPercent"] == 15.0 and window["resetAt"] > 0
+
+    usage = await tool_client.ok("sessions.usage", {})
+    (row,) = usage["sessions"]
+    assert row["key"] == LLM and row["agentId"] == "llm" and row["model"] == "fake-model"
+    assert (row["usage"]["input"], row["usage"]["output"], row["usage"]["cacheRead"]) == (100, 50, 30)
+    assert row["usage"]["totalCost"] == pytest.approx((100 * 2 + 50 * 10) / 1e6)
+    assert usage["totals"]["totalTokens"] == 150 and usage["totals"]["missingCostEntries"] == 0
+    (by_model,) = usage["aggregates"]["byModel"]
+    assert (by_model["model"], by_model["count"], by_model["totals"]["totalTokens"]) == ("fake-model", 1, 150)
+    (day,) = usage["aggregates"]["daily"]
+    assert day["tokens"] == 150 and day["date"] == usage["endDate"]
+    bad = await tool_client.call("sessions.usage", {"startDate": "yesterday"})
+    assert not bad["ok"] and bad["error"]["code"] == "INVALID_REQUEST"
