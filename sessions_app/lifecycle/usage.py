@@ -25,6 +25,7 @@ from django.db.models import F, Q
 from django.db.models.signals import post_delete, post_save
 from django.utils import timezone
 
+from sessions_app import signals
 from sessions_app.models import Budget, BudgetPeriod, BudgetScope, ChatSession, Run, UsageRecord
 
 
@@ -241,6 +242,7 @@ def record_calls(run: Run, session: ChatSession, calls: list[CallUsage], *, api_
     run is now spent (the run must not ask its model again)."""
     now = timezone.now()
     tokens = [0, 0, 0]  # input, output, cost
+    inserted: list[CallUsage] = []
     for call in calls:
         row = UsageRecord(
             run_pk=run.pk,
@@ -263,9 +265,12 @@ def record_calls(run: Run, session: ChatSession, calls: list[CallUsage], *, api_
             created_at=now,
         )
         if _insert(row):
+            inserted.append(call)
             tokens[0] += call.input_tokens
             tokens[1] += call.output_tokens
             tokens[2] += call.cost_micros or 0
+    if inserted:
+        signals.usage_recorded.send(sender=UsageRecord, agent_id=session.agent_id, calls=inserted)
     if not any(tokens):
         return False
     ChatSession.objects.filter(pk=session.pk).update(

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from channels.db import database_sync_to_async
+from django.test import Client
 from django.utils import timezone
 
 from chat.httpapi.app import HttpApi
@@ -22,6 +23,7 @@ from sessions_app.lifecycle.usage import forget_budget_check
 from sessions_app.models import ApiToken, Budget, BudgetScope, ChatSession, Run, RunState, ToolCall, UsageRecord
 from sessions_app.operations.prune import prune_sessions
 from tests.chat.test_httpapi_app import chat, inner, post
+from tests.chat.test_ops import samples
 from tests.support.communicator import open_client
 from tests.support.db import send_params
 from tests.support.fake_openai import FakeOpenAI, Reply, ToolCallReply, agent_config, tool_reply
@@ -302,3 +304,26 @@ async def test_usage_status_and_sessions_usage_answer_in_openclaws_shapes(tool_c
     assert day["tokens"] == 150 and day["date"] == usage["endDate"]
     bad = await tool_client.call("sessions.usage", {"startDate": "yesterday"})
     assert not bad["ok"] and bad["error"]["code"] == "INVALID_REQUEST"
+
+
+async def test_metrics_export_tokens_and_cost_by_agent_and_model(tool_client, fake):
+    def scrape() -> dict[Any, float]:
+        return samples(Client().get("/metrics").content.decode())
+
+    def value(found: dict[Any, float], name: str, **labels: str) -> float:
+        return found.get((name, tuple(sorted(labels.items()))), 0.0)
+
+    before = await database_sync_to_async(scrape)()
+    fake.push(Reply(chunks=["ok"], usage={"prompt_tokens": 100, "completion_tokens": 50}))
+    await send(tool_client, LLM, "r1", "hi")
+    await tool_client.wait_terminal("r1", timeout=30)
+    await tool_client.drain(0.2)
+    after = await database_sync_to_async(scrape)()
+    tokens = "agentgate_model_tokens_total"
+    labels = {"agent": "llm", "model": "fake-model"}
+    assert value(after, tokens, kind="input", **labels) - value(before, tokens, kind="input", **labels) == 100
+    assert value(after, tokens, kind="output", **labels) - value(before, tokens, kind="output", **labels) == 50
+    cost = value(after, "agentgate_model_cost_usd_total", **labels) - value(
+        before, "agentgate_model_cost_usd_total", **labels
+    )
+    assert cost == pytest.approx((100 * 2 + 50 * 10) / 1e6)
