@@ -3,11 +3,12 @@ session, model, agent and day from the usage rows (indexed by user and day)."""
 
 from __future__ import annotations
 
+import csv
 from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any
 
-from django.db.models import Count, Max, Min, Sum
+from django.db.models import Count, Max, Min, Q, Sum
 from django.utils import timezone
 
 from sessions_app.lifecycle.usage import applicable, period_end, period_start
@@ -90,3 +91,34 @@ def rollup(rows: Any, *by: str) -> list[dict[str, Any]]:
 
 def sessions_of(pks: list[int]) -> dict[int, ChatSession]:
     return {s.pk: s for s in ChatSession.objects.filter(pk__in=pks)}
+
+
+# what a summary groups by (the admin's and `usage_report`'s)
+GROUPINGS = {"user": ("user__username",), "agent": ("agent_id",), "model": ("agent_id", "model"), "day": ("day",)}
+SUMMARY_FIELDS = ("calls", "input", "output", "cached", "reasoning", "tokens", "cost_usd", "estimated", "unknown")
+
+
+def summary_rows(start: date, end: date, by: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Usage of all users from `start` to `end` summed by the fields `by`, with tokens and cost in USD."""
+    rows = usage_rows(None, start, end)
+    out = list(
+        rows.values(*by)
+        .annotate(
+            **TOTALS,
+            estimated=Count("id", filter=Q(estimated=True)),
+            unknown=Count("id", filter=Q(unknown=True)),
+        )
+        .order_by(*by)
+    )
+    for row in out:
+        row["tokens"] = (row["input"] or 0) + (row["output"] or 0)
+        row["cost_usd"] = None if row["cost"] is None else row["cost"] / 1e6
+        row["keys_shown"] = [row[c] for c in by]
+    return out
+
+
+def write_summary_csv(out: Any, rows: list[dict[str, Any]], by: tuple[str, ...]) -> None:
+    writer = csv.writer(out)
+    writer.writerow([*by, *SUMMARY_FIELDS])
+    for row in rows:
+        writer.writerow([*(row[c] for c in by), *("" if row[f] is None else row[f] for f in SUMMARY_FIELDS)])
