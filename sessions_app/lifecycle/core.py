@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from sessions_app import signals, statements
 from sessions_app.lifecycle import toolstate, usage
+from sessions_app.lifecycle.usage import TOTAL_FIELDS
 from sessions_app.models import (
     ACTIVE_STATES,
     TERMINAL_STATES,
@@ -52,6 +53,8 @@ OUTCOME_FIELDS = (
     "waiting_for",
     "input_tokens",
     "output_tokens",
+    # the session's usage totals (`lifecycle.usage`): written with the row, so never behind a lost update
+    *TOTAL_FIELDS,
 )
 
 

@@ -378,7 +378,9 @@ def finish_run(
         if unknown_call and run.state in ACTIVE_STATES:
             calls = [*(calls or []), accounting.unknown_call(run)]
         if calls and run.state in ACTIVE_STATES:
-            accounting.record_calls(run, session, calls)
+            # the end saves the row (its outcome) when the run is its active run of this generation
+            saved = session.active_run_id == run.pk and run.session_generation == session.session_id
+            accounting.record_calls(run, session, calls, save_row=save_row, row_saved_later=saved)
         values: dict[str, Any] = {"stop_reason": stop_reason, "error_kind": error_kind, "error_message": error_message}
         text = None
         if reply is not None and announce_reply is not None:
@@ -414,7 +416,7 @@ def record_step(run_pk: int, call: accounting.CallUsage) -> bool | None:
         if found is None or found[1].state not in ACTIVE_STATES:
             return None
         session, run = found
-        return accounting.record_calls(run, session, [call])
+        return accounting.record_calls(run, session, [call], save_row=save_row)
 
 
 def interrupt_run(run_pk: int, *, message: str, owner_process: str = "", actor: str = Actor.REAPER) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import cache
@@ -27,6 +28,9 @@ from django.utils import timezone
 
 from sessions_app import signals
 from sessions_app.models import Budget, BudgetPeriod, BudgetScope, ChatSession, Run, UsageRecord
+
+# the session row's usage totals
+TOTAL_FIELDS = ("total_input_tokens", "total_output_tokens", "total_cost_micros")
 
 
 @dataclass
@@ -201,6 +205,7 @@ def reserve(owner_id: int, agent_id: str, estimate: Estimate) -> dict[str, Any] 
         "budgets": [[b.pk, b.period] for b in budgets],
         "tokens": estimate.tokens,
         "cost": estimate.cost_micros,
+        "apiKey": estimate.api_token_id,
         "released": False,
     }
 
@@ -236,10 +241,21 @@ def _insert(row: UsageRecord) -> bool:
         return cursor.fetchone() is not None
 
 
-def record_calls(run: Run, session: ChatSession, calls: list[CallUsage], *, api_token_id: int | None = None) -> bool:
+def record_calls(
+    run: Run,
+    session: ChatSession,
+    calls: list[CallUsage],
+    *,
+    save_row: Callable[..., None],
+    row_saved_later: bool = False,
+) -> bool:
     """Record the calls' usage (a step already recorded is skipped: a retried write counts once), add
     it to the session's totals and settle it against the run's budgets. True when a budget of the
-    run is now spent (the run must not ask its model again)."""
+    run is now spent (the run must not ask its model again).
+
+    The caller holds the session's lock. The totals go into the locked row, saved by `save_row`
+    (`core.save_row`: its version moves), or, `row_saved_later`, by the caller's own save of the row
+    in the same transaction (the run's end saves it: no statement of its own)."""
     now = timezone.now()
     tokens = [0, 0, 0]  # input, output, cost
     inserted: list[CallUsage] = []
@@ -251,7 +267,7 @@ def record_calls(run: Run, session: ChatSession, calls: list[CallUsage], *, api_
             session_pk=session.pk,
             session_key=session.key,
             user_id=session.owner_id,
-            api_token_id=api_token_id,
+            api_token_id=(run.budget or {}).get("apiKey"),
             agent_id=session.agent_id,
             model=call.model[:200],
             input_tokens=call.input_tokens,
@@ -273,14 +289,11 @@ def record_calls(run: Run, session: ChatSession, calls: list[CallUsage], *, api_
         signals.usage_recorded.send(sender=UsageRecord, agent_id=session.agent_id, calls=inserted)
     if not any(tokens):
         return False
-    ChatSession.objects.filter(pk=session.pk).update(
-        total_input_tokens=F("total_input_tokens") + tokens[0],
-        total_output_tokens=F("total_output_tokens") + tokens[1],
-        total_cost_micros=F("total_cost_micros") + tokens[2],
-    )
     session.total_input_tokens += tokens[0]
     session.total_output_tokens += tokens[1]
     session.total_cost_micros += tokens[2]
+    if not row_saved_later:
+        save_row(session, *TOTAL_FIELDS)
     return _settle(run, tokens[0] + tokens[1], tokens[2], now)
 
 
