@@ -327,3 +327,21 @@ async def test_metrics_export_tokens_and_cost_by_agent_and_model(tool_client, fa
         before, "agentgate_model_cost_usd_total", **labels
     )
     assert cost == pytest.approx((100 * 2 + 50 * 10) / 1e6)
+
+
+def test_the_page_shows_usage_left_and_warns_at_80_percent(client_page_user):
+    user, page = client_page_user
+    Budget.objects.create(name="month", scope=BudgetScope.USER, user=user, max_tokens=1000, period="month")
+    html = page.get("/").content.decode()
+    assert 'data-testid="budget"' in html and "0.0% used, 1000 tokens left" in html and "budget-warn" not in html
+    Budget.objects.filter(user=user).update(used_tokens=850, period_start=timezone.now())
+    html = page.get("/").content.decode()
+    assert "budget-warn" in html and "85.0% used, 150 tokens left" in html
+
+
+@pytest.fixture
+def client_page_user(make_user):
+    user, _token = make_user("pageuser")
+    page = Client()
+    page.force_login(user)
+    return user, page
