@@ -288,7 +288,7 @@ def record_calls(
     if inserted:
         signals.usage_recorded.send(sender=UsageRecord, agent_id=session.agent_id, calls=inserted)
     if not any(tokens):
-        return False
+        return _spent(run)  # a second try of a write that committed: what the first found, found again
     session.total_input_tokens += tokens[0]
     session.total_output_tokens += tokens[1]
     session.total_cost_micros += tokens[2]
@@ -303,7 +303,6 @@ def _settle(run: Run, tokens: int, cost: int, now: datetime) -> bool:
     if not held or held.get("released"):
         return False
     take_tokens, take_cost = min(tokens, held["tokens"]), min(cost, held["cost"])
-    ids = []
     for budget_id, period in held["budgets"]:
         _roll(budget_id, period, now)
         Budget.objects.filter(pk=budget_id).update(
@@ -312,9 +311,17 @@ def _settle(run: Run, tokens: int, cost: int, now: datetime) -> bool:
             reserved_tokens=F("reserved_tokens") - take_tokens,
             reserved_cost_micros=F("reserved_cost_micros") - take_cost,
         )
-        ids.append(budget_id)
     run.budget = {**held, "tokens": held["tokens"] - take_tokens, "cost": held["cost"] - take_cost}
     Run.objects.filter(pk=run.pk).update(budget=run.budget)
+    return _spent(run)
+
+
+def _spent(run: Run) -> bool:
+    """Whether a budget the run counts against is spent (its usage at or over its limit)."""
+    held = run.budget
+    if not held or held.get("released"):
+        return False
+    ids = [budget_id for budget_id, _period in held["budgets"]]
     return (
         Budget.objects.filter(pk__in=ids)
         .filter(
