@@ -63,3 +63,21 @@ def test_periods_start_and_end_on_their_utc_boundaries() -> None:
     assert period_end("month", now) == datetime(2027, 1, 1, tzinfo=UTC)
     assert period_start("total", now) is None and period_end("total", now) is None
     assert period_start("day", now + timedelta(seconds=1)) == datetime(2027, 1, 1, tzinfo=UTC)
+
+
+def test_a_new_user_gets_the_default_budget_at_their_first_send(owner: Any, settings: Any) -> None:
+    settings.GATEWAY_DEFAULT_USER_BUDGET = {"max_tokens": 50, "max_cost_usd": 0.001, "period": "day"}
+    assert admit_send(owner, "r1", estimate=Estimate(tokens=30)).admission == "started"
+    (budget,) = Budget.objects.filter(user=owner)
+    assert (budget.name, budget.max_tokens, budget.max_cost_micros, budget.period) == ("default", 50, 1000, "day")
+    assert admit_send(owner, "r2", key="agent:main:other", estimate=Estimate(tokens=30)).admission == "budget"
+    assert Budget.objects.filter(user=owner).count() == 1  # created once
+
+
+def test_a_cost_budget_refuses_what_its_price_would_take_over(owner: Any) -> None:
+    Budget.objects.create(name="dollars", scope=BudgetScope.USER, user=owner, max_cost_micros=1000, period="month")
+    assert admit_send(owner, "r1", estimate=Estimate(tokens=10, cost_micros=600)).admission == "started"
+    over = admit_send(owner, "r2", key="agent:main:b", estimate=Estimate(tokens=10, cost_micros=600))
+    assert over.admission == "budget" and over.over_budget is not None and over.over_budget.name == "dollars"
+    # unpriced calls cost nothing against it
+    assert admit_send(owner, "r3", key="agent:main:c", estimate=Estimate(tokens=10)).admission == "started"
