@@ -28,6 +28,7 @@ def connect() -> None:
     signals.tool_changed.connect(receivers.on_tool_changed, dispatch_uid="chat-tool-changed")
     signals.command_stored.connect(receivers.on_command_stored, dispatch_uid="chat-command-stored")
     signals.run_transitioned.connect(run_metrics.on_run_transition, dispatch_uid="chat-metrics-run-end")
+    signals.usage_recorded.connect(run_metrics.on_usage_recorded, dispatch_uid="chat-metrics-usage")
 
     user_model = get_user_model()
     user_logged_out.connect(access.on_logged_out, dispatch_uid="chat-access-logout")

@@ -396,3 +396,12 @@ GATEWAY_AGENTS: dict[str, dict[str, Any]] = {"main": {"backend": "scripted", "mo
 if env.bool("GATEWAY_DEMO_TOOLS", default=True):
     GATEWAY_AGENTS["main"]["mcp_servers"] = {"demo": DEMO_MCP_SERVER}
 GATEWAY_AGENTS.update(json.loads(env.str("GATEWAY_AGENTS", default="{}") or "{}"))
+
+# --- Usage and budgets (docs/usage.md) ----------------------------------------------
+# A budget for every user who has none of their own, created at their first send, e.g.
+# {"max_tokens": 1000000, "max_cost_usd": 5, "period": "month"}; {} for none.
+GATEWAY_DEFAULT_USER_BUDGET = json.loads(env.str("GATEWAY_DEFAULT_USER_BUDGET", default="{}"))
+# How often a process looks whether any budget is enabled at all (a budget saved here is seen at once).
+GATEWAY_BUDGET_CHECK_SECONDS = env.float("GATEWAY_BUDGET_CHECK_SECONDS", default=5.0)
+# The output a run is reserved for when its agent sets no `max_tokens`.
+GATEWAY_BUDGET_OUTPUT_TOKENS = env.int("GATEWAY_BUDGET_OUTPUT_TOKENS", default=1024)

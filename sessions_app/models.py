@@ -116,6 +116,10 @@ class ChatSession(models.Model):
         db_constraint=False,
         db_index=False,
     )
+    # every model call's usage in this session, all generations (`lifecycle.usage`)
+    total_input_tokens = models.BigIntegerField(default=0, db_default=0)
+    total_output_tokens = models.BigIntegerField(default=0, db_default=0)
+    total_cost_micros = models.BigIntegerField(default=0, db_default=0)
     version = models.BigIntegerField(default=1)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -199,6 +203,8 @@ class Run(models.Model):
     )
     # Set while an HTTP run with an Idempotency-Key has no client: aborted unless a retry reattaches (§14.6).
     detached_at = models.DateTimeField(null=True, blank=True)
+    # What admission reserved against budgets (`lifecycle.usage.Reservation.as_json`); NULL: none applied.
+    budget = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     dispatched_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -597,3 +603,6 @@ class RunFile(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run_id}#{self.position} -> {self.file_id}"
+
+
+from sessions_app.usage_models import Budget, BudgetPeriod, BudgetScope, UsageRecord  # noqa: E402,F401  (usage and budgets)

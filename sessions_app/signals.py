@@ -28,3 +28,7 @@ tool_changed = Signal()
 #         and its first answer, just stored in the session's transcript (/status, /think, /verbose,
 #         /model; a replay stores nothing and sends nothing)
 command_stored = Signal()
+
+# kwargs: agent_id (str), calls (list of `lifecycle.usage.CallUsage`) — model calls whose usage was
+#         just recorded (each once: a step recorded before is not sent again)
+usage_recorded = Signal()

@@ -14,6 +14,7 @@ from django.contrib.auth import get_user_model
 
 from chat.runtime.gateway import runtime
 from gatewayproject.settings import BASE_DIR
+from sessions_app.lifecycle.usage import forget_budget_check
 from sessions_app.models import KeyScope, default_key_scopes
 from sessions_app.tokens import issue_token
 from tests.support.communicator import Client, open_client
@@ -30,6 +31,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 async def _fresh_runtime() -> AsyncIterator[None]:
     """Each test gets a fresh channel layer and a runtime bound to its own loop."""
     channel_layers.backends.clear()
+    forget_budget_check()  # a test's database starts without budgets (a flush sends no signal)
     yield
     await runtime.stop()
     channel_layers.backends.clear()

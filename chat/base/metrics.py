@@ -83,6 +83,23 @@ TIME_TO_FIRST_TOKEN = Histogram(
 TOKENS = Counter(
     "agentgate_tokens", "Tokens reported by backends, by agent and kind (prompt, completion).", ["agent", "kind"]
 )
+MODEL_TOKENS = Counter(
+    "agentgate_model_tokens",
+    "Tokens of recorded model calls (committed in this process), by agent, model and kind (input, output, "
+    "cached, reasoning); estimated counts included.",
+    ["agent", "model", "kind"],
+)
+MODEL_COST = Counter(
+    "agentgate_model_cost_usd",
+    "Cost of recorded model calls by the agents' price tables (committed in this process), by agent and model.",
+    ["agent", "model"],
+)
+MODEL_CALLS = Counter(
+    "agentgate_model_calls",
+    "Recorded model calls (committed in this process), by agent, model and whether usage was reported "
+    "(reported, estimated, unknown).",
+    ["agent", "model", "usage"],
+)
 TOOL_CALLS = Counter(
     "agentgate_tool_calls",
     "Tool calls that reached their terminal state (committed in this process), by server, status and error kind.",

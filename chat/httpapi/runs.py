@@ -215,6 +215,7 @@ async def _admit(req: Request, send: HttpSend, where: Target, key: str | None, w
         on_admitted=send.on_admitted,
         owner_scoped_key=key is not None,
         follows=send.follows,
+        api_token_id=caller.token_id,
     )
     try:
         outcome = await admit(caller.user_id, params)

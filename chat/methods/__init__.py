@@ -16,7 +16,7 @@ handlers and its answers, and both doors (the WebSocket consumer, the HTTP API) 
 Importing the package registers every method.
 """
 
-from chat.methods import agent, agents, approvals, branches, commands, gateway, history, openclaw  # noqa: F401
+from chat.methods import agent, agents, approvals, branches, commands, gateway, history, openclaw, usage  # noqa: F401
 from chat.methods.send import handlers as send_handlers  # noqa: F401
 from chat.methods.sessions import handlers as sessions_handlers  # noqa: F401
 from chat.methods.sessions import lookup  # noqa: F401

@@ -32,7 +32,7 @@ from chat.base.availability import Unavailable
 from chat.base.db import db_read, db_write
 from chat.delivery.broadcaster import broadcaster, chat_message
 from chat.protocol import frames, run_events
-from chat.runtime import inputs
+from chat.runtime import inputs, run_usage
 from chat.runtime.backends import (
     AgentBackend,
     BackendError,
@@ -266,6 +266,7 @@ class RunExecutor:
                 reply=text,
                 stop_reason=ctx.stop_reason,
                 usage=ctx.usage,
+                calls=run_usage.calls_at_end(run, ctx, progress.text),
                 wait=wait,
                 streamed=True,
                 announce_reply=self._announcer(run, progress),
@@ -277,6 +278,8 @@ class RunExecutor:
             state, ending = _ending(exc, run, ctx, progress, overrun_ms)
             if isinstance(exc, BackendError):  # what it had said goes out before its error, as any delta
                 ending["announce_reply"] = self._announcer(run, progress)
+            if progress.streaming:  # the model was called: what it cost is recorded with the run's end
+                ending["calls"] = run_usage.calls_at_end(run, ctx, progress.text)
             await self.finish(run_pk, state, streamed=progress.streaming, **ending)
 
     async def _prepare(
@@ -301,6 +304,7 @@ class RunExecutor:
             if window or request.tool_results:
                 transcript, answered = await wait.patiently(db_read, inputs.read, run, window, request)
             ctx = inputs.context_for(run, transcript, request, answered)
+            ctx.record_call = functools.partial(run_usage.record_call, wait.patiently, run.pk, ctx)
             if config_error(ctx.agent) is None:  # a bad one failed the send before its ack
                 ctx.tools = ToolHost(run, run.session.agent_id, tool_config(ctx.agent), self.wait_change, wait)
                 # a tool step is the run's doing: `running` is written before it
@@ -499,6 +503,7 @@ class RunExecutor:
                             kwargs = {
                                 "reply": kwargs.get("reply"),
                                 "streamed": kwargs.get("streamed", False),
+                                "calls": kwargs.get("calls"),
                                 "error_kind": RunErrorKind.UNAVAILABLE,
                                 "error_message": stalled_message(),
                             }

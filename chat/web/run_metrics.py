@@ -8,7 +8,16 @@ from typing import Any
 
 from django.db import transaction
 
-from chat.base.metrics import RUN_DURATION_SECONDS, RUNS_ENDED, RUNS_STARTED, TOKENS
+from chat.base.metrics import (
+    MODEL_CALLS,
+    MODEL_COST,
+    MODEL_TOKENS,
+    RUN_DURATION_SECONDS,
+    RUNS_ENDED,
+    RUNS_STARTED,
+    TOKENS,
+)
+from sessions_app.lifecycle.usage import CallUsage
 from sessions_app.models import ACTIVE_STATES, TERMINAL_STATES, ChatSession, Run, RunState
 
 
@@ -50,3 +59,25 @@ def on_run_transition(
         ),
         robust=True,  # a hook that raised would fail the writer's whole batch after it committed
     )
+
+
+def _observe_calls(agent: str, calls: list[CallUsage]) -> None:
+    for call in calls:
+        kinds = {
+            "input": call.input_tokens,
+            "output": call.output_tokens,
+            "cached": call.cached_tokens,
+            "reasoning": call.reasoning_tokens,
+        }
+        for kind, count in kinds.items():
+            if count > 0:
+                MODEL_TOKENS.labels(agent, call.model, kind).inc(count)
+        if call.cost_micros:
+            MODEL_COST.labels(agent, call.model).inc(call.cost_micros / 1e6)
+        reported = "unknown" if call.unknown else "estimated" if call.estimated else "reported"
+        MODEL_CALLS.labels(agent, call.model, reported).inc()
+
+
+def on_usage_recorded(sender: Any, agent_id: str, calls: list[CallUsage], **kwargs: Any) -> None:
+    """`usage_recorded` receiver: tokens and cost by agent and model, once the calls' rows committed."""
+    transaction.on_commit(partial(_observe_calls, agent_id, list(calls)), robust=True)

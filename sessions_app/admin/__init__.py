@@ -11,4 +11,4 @@ One module per model, the sessions' filters and actions beside theirs (`session_
 `session_actions`); importing them registers their admins (Django imports this package).
 """
 
-from sessions_app.admin import files, processes, runs, sessions, tokens, toolcalls  # noqa: F401
+from sessions_app.admin import files, processes, runs, sessions, tokens, toolcalls, usage  # noqa: F401

@@ -18,7 +18,8 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from sessions_app import signals, statements
-from sessions_app.lifecycle import toolstate
+from sessions_app.lifecycle import toolstate, usage
+from sessions_app.lifecycle.usage import TOTAL_FIELDS
 from sessions_app.models import (
     ACTIVE_STATES,
     STEER,
@@ -54,6 +55,8 @@ OUTCOME_FIELDS = (
     "waiting_for",
     "input_tokens",
     "output_tokens",
+    # the session's usage totals (`lifecycle.usage`): written with the row, so never behind a lost update
+    *TOTAL_FIELDS,
 )
 
 
@@ -327,6 +330,8 @@ def transition(
         if not terminal:
             return True
         kept = _keep_reply(session, run, from_state, to_state)
+        if run.budget is not None:
+            usage.release(run)  # what it still holds of its reservation, back to its budgets
         was_active, changed = _release_row(session, run, from_state)
         if kept and not changed:  # (cannot happen: a reply is kept only of the current active run)
             statements.update(session, "active_leaf")

@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from sessions_app import files, gateway_reads, statements
 from sessions_app.lifecycle import branches, steering
+from sessions_app.lifecycle import usage as accounting  # (`finish_run` has a parameter named usage)
 from sessions_app.lifecycle.branches import Regeneration
 from sessions_app.lifecycle.core import (
     OUTCOME_FIELDS,
@@ -47,8 +48,9 @@ from sessions_app.models import (
 
 # What admission decided: a new run started or queued, the key's existing run, a key reused
 # with another body, a full queue, or a send that failed before its ack (kept as a failed run).
-# A steer taken by the active run's queue is `steered` (`lifecycle.steering`).
-Admission = Literal["started", "queued", "steered", "existing", "conflict", "queue_full", "rejected"]
+# A steer taken by the active run's queue is `steered` (`lifecycle.steering`); a send over a budget
+# (`budget`) admitted nothing.
+Admission = Literal["started", "queued", "steered", "existing", "conflict", "queue_full", "rejected", "budget"]
 
 
 @dataclass
@@ -89,6 +91,8 @@ class SendRequest:
     regeneration: Regeneration | None = None
     # the message the run's user message follows instead of the active leaf (a `previous_response_id`)
     follows: int | None = None
+    # what the run is reserved against the budgets that apply (`lifecycle.usage`); None: not counted
+    estimate: accounting.Estimate | None = None
 
 
 @dataclass
@@ -99,6 +103,7 @@ class SendOutcome:
     queue_position: int | None = None
     interrupted_active_run: bool = False
     steered_into: Run | None = None  # `steered`: the active run that is to take it
+    over_budget: accounting.OverBudget | None = None  # the budget that refused the send (admission `budget`)
 
 
 def replay_of(run: Run, session: ChatSession, body_hash: str, queue_position: Callable[[], int | None]) -> SendOutcome:
@@ -114,7 +119,18 @@ def admit_send(req: SendRequest, *, owner_process: str, actor: str = Actor.USER)
     """Admit one send: its key's existing run, a conflict, a failure, a queued run or a started one.
 
     A started run is owned by `owner_process` (the process that will execute it, or '').
+    A send over a budget admits nothing (its transaction, a new session's too, is undone).
     """
+    try:
+        return _admit_send(req, owner_process=owner_process, actor=actor)
+    except accounting.OverBudget as over:
+        session = req.seen or ChatSession(owner_id=req.owner_id, key=req.key, agent_id=req.agent_id)
+        return SendOutcome("budget", None, session, over_budget=over)
+
+
+def _admit_send(req: SendRequest, *, owner_process: str, actor: str) -> SendOutcome:
+    # budgets apply: the reservation and the run go in under the session's lock (not `_admit_seen`)
+    budgeted = req.estimate is not None and req.setup_error is None and accounting.budgets_may_apply()
     with transaction.atomic():
         if req.owner_scoped_key:
             # Two requests racing under one key may name different sessions (each holding only its own
@@ -123,7 +139,7 @@ def admit_send(req: SendRequest, *, owner_process: str, actor: str = Actor.USER)
             keyed = gateway_reads.find_http_run(req.owner_id, req.run_id)
             if keyed is not None:
                 return replay_of(keyed, keyed.session, req.body_hash, lambda: gateway_reads.queue_position(keyed))
-        elif req.seen is not None and req.setup_error is None and req.regeneration is None:
+        elif req.seen is not None and req.setup_error is None and req.regeneration is None and not budgeted:
             admitted = _admit_seen(req, req.seen, owner_process=owner_process, actor=actor)
             if admitted is not None:
                 return admitted
@@ -159,6 +175,8 @@ def admit_send(req: SendRequest, *, owner_process: str, actor: str = Actor.USER)
             )
             if queued >= settings.GATEWAY_QUEUE_MAX:
                 return SendOutcome("queue_full", None, session)
+            if budgeted:
+                base["budget"] = _reserve(req)
             # a steer the run cannot take now waits for the run's end, as a follow-up
             if req.queue_mode == STEER and req.steerable and steering.can_take(session, active):
                 steer = steering.queue_steer(session, base, actor=actor)
@@ -167,6 +185,8 @@ def admit_send(req: SendRequest, *, owner_process: str, actor: str = Actor.USER)
             run = statements.insert(Run(state=RunState.QUEUED, queue_seq=next_queue_seq(session), stream_seq=1, **base))
             return _queued(req, run, session, actor)
 
+        if budgeted:
+            base["budget"] = _reserve(req)
         interrupted = False
         if active is not None:
             interrupted = kill(
@@ -187,6 +207,12 @@ def admit_send(req: SendRequest, *, owner_process: str, actor: str = Actor.USER)
             )
         )
         return _started(req, run, session, actor, interrupted=interrupted)
+
+
+def _reserve(req: SendRequest) -> dict[str, Any] | None:
+    """The run's reservation against every budget that applies (raises `accounting.OverBudget`)."""
+    assert req.estimate is not None
+    return accounting.reserve(req.owner_id, req.agent_id, req.estimate)
 
 
 def _fields(req: SendRequest, session: ChatSession) -> dict[str, Any]:
@@ -362,6 +388,8 @@ def finish_run(
     reason: str | None = None,
     actor: str = Actor.SYSTEM,
     usage: dict[str, int] | None = None,
+    calls: list[accounting.CallUsage] | None = None,
+    unknown_call: bool = False,
     cancel_ms: int | None = None,
     streamed: bool = False,
     announce_reply: Callable[[int], None] | None = None,
@@ -370,6 +398,8 @@ def finish_run(
 
     `streamed`: the backend's stream had begun, so a run still `dispatching` (its `running` not
     written yet) ends through `running`, a step of its own (`core.transition`'s `via`).
+    `calls`: the model calls whose usage is recorded with the run's end (`lifecycle.usage`);
+    `unknown_call`: the run was mid-call when its process died (a call of unknown usage).
     `announce_reply`: `reply` is also the rest of the reply not sent yet, announced as a delta
     before the run's end (called in the transaction with that delta's seq, to send it after commit).
 
@@ -381,6 +411,12 @@ def finish_run(
         if found is None:
             return False
         session, run = found
+        if unknown_call and run.state in ACTIVE_STATES:
+            calls = [*(calls or []), accounting.unknown_call(run)]
+        if calls and run.state in ACTIVE_STATES:
+            # the end saves the row (its outcome) when the run is its active run of this generation
+            saved = session.active_run_id == run.pk and run.session_generation == session.session_id
+            accounting.record_calls(run, session, calls, save_row=save_row, row_saved_later=saved)
         values: dict[str, Any] = {"stop_reason": stop_reason, "error_kind": error_kind, "error_message": error_message}
         text = None
         if reply is not None and announce_reply is not None:
@@ -407,6 +443,18 @@ def finish_run(
         )
 
 
+def record_step(run_pk: int, call: accounting.CallUsage) -> bool | None:
+    """Record a model call that ended mid-run (a step before its tool calls run), in its own
+    transaction; True when a budget of the run is now spent (it must stop before its tools), None
+    when the run has ended."""
+    with transaction.atomic():
+        found = lock_run(run_pk)
+        if found is None or found[1].state not in ACTIVE_STATES:
+            return None
+        session, run = found
+        return accounting.record_calls(run, session, [call], save_row=save_row)
+
+
 def interrupt_run(run_pk: int, *, message: str, owner_process: str = "", actor: str = Actor.REAPER) -> bool:
     """End a run whose process died or stopped: failed, errorKind interrupted (§8)."""
     return finish_run(
@@ -417,6 +465,7 @@ def interrupt_run(run_pk: int, *, message: str, owner_process: str = "", actor: 
         error_message=message,
         reason="run.interrupted",
         actor=actor,
+        unknown_call=True,
     )
 
 

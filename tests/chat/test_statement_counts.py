@@ -5,7 +5,7 @@ A turn (a new run in an existing session: admit -> dispatching -> running -> del
 its audit rows, transcript messages and row encodings) and a resend (a key the session already has:
 answered from one read on one database thread, no write, whether its run has finished or is still
 running or queued) are the gateway's hot path: a change that adds statements to them must show up
-here, and be a choice. A turn is 12 statements in 2 transactions (docs/performance.md,
+here, and be a choice. A turn is 13 statements in 2 transactions (docs/performance.md,
 "Statements"):
 
 - the key's read, which finds it new and reads the session as admission needs it (1 SELECT);
@@ -13,7 +13,9 @@ here, and be a choice. A turn is 12 statements in 2 transactions (docs/performan
   still as read and takes its lock; the row; the user's message; the audit row: 4 + BEGIN);
 - the run's end, a reply within one delta interval carrying its `running` step and its delta
   (BEGIN; session and run read under their locks; the run's one compare-and-set; the row; the
-  reply's message; both audit rows in one INSERT: 5 + BEGIN).
+  reply's message; both audit rows in one INSERT; the model call's usage row (docs/usage.md; the
+  session's usage totals ride with the row): 6 + BEGIN). A session no budget applies to pays
+  nothing more: budgets cost statements only where they apply.
 
 BEGIN counts on both (PostgreSQL's is sent by the driver, counted where Django opens the
 transaction); COMMIT does not.
@@ -40,8 +42,8 @@ from tests.support.db import send_params
 pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parents[2]
 
-TURN = {"SELECT": 2, "INSERT": 5, "UPDATE": 3, "BEGIN": 2}
-TURN_STATEMENTS = 12
+TURN = {"SELECT": 2, "INSERT": 6, "UPDATE": 3, "BEGIN": 2}
+TURN_STATEMENTS = 13
 RESEND_STATEMENTS = 1
 
 

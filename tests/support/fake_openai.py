@@ -65,6 +65,8 @@ class Reply:
     finish_reason: str | None = "stop"
     refusal: str | None = None
     usage: dict[str, int] | None = None  # sent in a final choice-less chunk, like include_usage
+    cached_tokens: int | None = None  # with `usage`: its prompt_tokens_details.cached_tokens
+    reasoning_tokens: int | None = None  # with `usage`: its completion_tokens_details.reasoning_tokens
     done: bool = True  # send `data: [DONE]`
     hang_after_done: bool = False  # keep the connection open after [DONE] (a sloppy server)
     keep_alive: bool = True  # else `connection: close` and close after the response
@@ -131,6 +133,7 @@ class FakeOpenAI:
         self.replies: deque[Reply] = deque()
         self.default = Reply()
         self.requests: list[Request] = []
+        self.charged: list[dict[str, int]] = []  # the usage of every reply that reported one
         self.request_seen = asyncio.Event()
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[None]] = set()
@@ -332,6 +335,12 @@ class FakeOpenAI:
             if reply.finish_reason is not None:
                 await event(chunk({}, reply.finish_reason))
             if reply.usage is not None:
+                details: dict[str, Any] = {}
+                if reply.cached_tokens is not None:
+                    details["prompt_tokens_details"] = {"cached_tokens": reply.cached_tokens}
+                if reply.reasoning_tokens is not None:
+                    details["completion_tokens_details"] = {"reasoning_tokens": reply.reasoning_tokens}
+                self.charged.append(dict(reply.usage))  # what the model bills for: the usage it reports
                 await event(
                     {
                         "id": "chatcmpl-fake",
@@ -339,7 +348,7 @@ class FakeOpenAI:
                         "created": 0,
                         "model": model,
                         "choices": [],
-                        "usage": {**reply.usage, "total_tokens": sum(reply.usage.values())},
+                        "usage": {**reply.usage, "total_tokens": sum(reply.usage.values()), **details},
                     }
                 )
             if reply.done:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from django.conf import settings
 
+from chat.base import agents as catalog
+from chat.base import metering
 from chat.base.db import db_read
 from chat.methods.registry import call
 from chat.methods.send import attach
@@ -29,6 +31,8 @@ def refuse_unadmitted(admitted: SendOutcome) -> None:
             field="idempotencyKey",
             reason="idempotency-conflict",
         )
+    if admitted.admission == "budget":
+        raise budget_error(admitted)
     if admitted.admission == "queue_full":
         raise ProtocolError(
             "RATE_LIMITED",
@@ -37,6 +41,22 @@ def refuse_unadmitted(admitted: SendOutcome) -> None:
             retryable=True,
             retry_after_ms=1000,
         )
+
+
+def budget_error(admitted: SendOutcome) -> ProtocolError:
+    """A send refused by a budget (docs/usage.md): nothing admitted; the same key may be sent again
+    once the budget allows (HTTP: 429 `insufficient_quota`)."""
+    over = admitted.over_budget
+    assert over is not None
+    resets = over.resets_at.isoformat() if over.resets_at is not None else None
+    return ProtocolError(
+        "RATE_LIMITED",
+        str(over),
+        reason="insufficient_quota",
+        errorKind="budget",
+        budget=over.name,
+        resetsAt=resets,
+    )
 
 
 async def admit(owner_id: int, send: send_params.ChatSendParams) -> SendOutcome:
@@ -97,6 +117,9 @@ async def _admit(owner_id: int, send: send_params.ChatSendParams, seen: ChatSess
         expected_leaf=send.expected_leaf,
         regeneration=send.regeneration,
         follows=send.follows,
+        estimate=metering.admission_estimate(
+            catalog.get(send.agent_id), send.message, send.attachments, send.request, send.api_token_id
+        ),
     )
     admitted: SendOutcome = await call(runs.admit_send, request, owner_process=runtime.owner_for_new_runs())
     return admitted

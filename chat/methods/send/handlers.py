@@ -10,7 +10,7 @@ from chat.methods.registry import Conn, Reply, call, check_held, method
 from chat.methods.send import acks as send_acks
 from chat.methods.send import params as send_params
 from chat.methods.send.acks import AckStatus
-from chat.methods.send.admission import admit, refuse_unadmitted
+from chat.methods.send.admission import admit, budget_error, refuse_unadmitted
 from chat.protocol import fields, keys
 from chat.protocol.scopes import Scope
 from chat.runtime.gateway import runtime
@@ -74,6 +74,8 @@ async def _send(conn: Conn, params: dict[str, Any], *, steer: bool) -> Reply:
     if send.wait_ms > 0:
         check_held(conn, "waitMs")
     admitted = await admit(conn.state.user_id, send)
+    if admitted.admission == "budget":
+        return _budget_reply(admitted, send.run_id)
     reply = _ack_reply(conn, admitted)
     if (
         send.wait_ms > 0
@@ -83,6 +85,24 @@ async def _send(conn: Conn, params: dict[str, Any], *, steer: bool) -> Reply:
     ):
         return Reply(wait=lambda: _held_ack(conn, admitted, send))
     return reply
+
+
+def _budget_reply(admitted: SendOutcome, run_id: str) -> Reply:
+    """The `error` ack of a send a budget refused: nothing admitted, the budget named with its reset."""
+    error = budget_error(admitted)
+    session = admitted.session
+    payload = {
+        "runId": run_id,
+        "status": AckStatus.ERROR.value,
+        "sessionKey": session.key,
+        "errorKind": "budget",
+        "summary": error.message,
+        "budget": error.details["budget"],
+        "resetsAt": error.details["resetsAt"],
+    }
+    if session.pk is not None:
+        payload["sessionId"] = str(session.session_id)
+    return Reply(payload, error.to_error())
 
 
 async def _held_ack(conn: Conn, admitted: SendOutcome, send: send_params.ChatSendParams) -> Reply:

@@ -129,6 +129,7 @@ class ChatSendParams:
     expected_leaf: int | None = None
     regeneration: Regeneration | None = None
     follows: int | None = None
+    api_token_id: int | None = None  # the API key an HTTP request came with (its budgets apply)
 
     @property
     def body_hash(self) -> str:

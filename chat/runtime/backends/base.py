@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,6 +11,7 @@ from chat.base import agents
 from chat.protocol import sizes
 from chat.runtime.backends.attached import wrapped_document
 from chat.runtime.tools.host import ToolHost
+from sessions_app.lifecycle.usage import CallUsage
 from sessions_app.run_requests import RunRequest
 
 
@@ -57,6 +58,13 @@ class RunContext:
     stop_reason: str = "stop"
     usage: dict[str, int] | None = None
     cancel_ms: int | None = None  # how long releasing its work took, when it timed out
+    # Each model call's usage (docs/usage.md): a backend that makes several calls reports each one
+    # that ends before its tool calls run to `record_call` (True: a budget is spent, the run must
+    # stop there, stopReason `budget`), and leaves its last in `calls`, recorded with the run's end.
+    # A backend that reports neither is counted from `usage`, else estimated from its text.
+    calls: list[CallUsage] = field(default_factory=list)
+    record_call: Callable[[CallUsage], Awaitable[bool]] | None = None
+    recorded: list[CallUsage] = field(default_factory=list)  # the calls `record_call` recorded
     tools: ToolHost | None = None  # the run's tools (TOOLS.md §13); None when the agent's settings are bad
     # what an HTTP request adds (HTTP-API.md §14.3-14.5; empty for a chat.send), and the calls handed to
     # the API client that the request's `tool_results` answer, oldest first ({id, model_id, name,

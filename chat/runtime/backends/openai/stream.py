@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import random
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
@@ -35,6 +36,7 @@ from typing import Any
 import openai
 
 from chat.base import agents as catalog
+from chat.base import metering
 from chat.runtime.backends.base import BackendError, BackendTimeout, DispatchError, RunContext
 from chat.runtime.backends.openai import request_options
 from chat.runtime.backends.openai.clients import client_for
@@ -44,6 +46,7 @@ from chat.runtime.backends.openai.settings import AgentSettings, reasoning_effor
 from chat.runtime.backends.openai.tool_calls import StreamedCalls
 from chat.runtime.tools.host import ToolHost
 from chat.runtime.tools.results import ToolServerError
+from sessions_app.lifecycle.usage import CallUsage
 from sessions_app.models import ToolCallState
 
 log = logging.getLogger(__name__)
@@ -97,6 +100,7 @@ class ModelRun:
         self.step_text: list[str] = []
         self.step_calls = StreamedCalls()
         self.attempt_usage: dict[str, int] = {}
+        self.attempt_details: dict[str, int] = {}  # its cached and reasoning tokens
         self.usage_before: dict[str, int] = {}  # the usage of the steps already finished
         task = asyncio.current_task()
         if task is not None:
@@ -216,10 +220,18 @@ class ModelRun:
         results (HTTP-API.md §14.4).
         """
         self.usage_before = add_usage(self.usage_before, self.attempt_usage)
+        used = self._step_usage()
         calls = self.step_calls.finish(self.step, self.call_ids)
         handed = [c for c in calls if c.name in self.client_names]
         own = [c for c in calls if c.name not in self.client_names]
         if not handed and (not own or self.tools is None):
+            self.ctx.calls.append(used)  # the run's last call: recorded with its end
+            return False
+        if self.ctx.record_call is None:
+            self.ctx.calls.append(used)
+        elif await self.ctx.record_call(used):
+            # a budget is spent (or the run's own cap reached): no tool starts, the model is not asked again
+            self.ctx.stop_reason = "budget"
             return False
         await self._close_response()  # read to its end: the connection goes back to the pool
         results = (
@@ -254,6 +266,14 @@ class ModelRun:
         await self.open(before_start=False)
         return True
 
+    def _step_usage(self) -> CallUsage:
+        """The finished step's model call: the usage its (last) attempt reported, or its text's estimate."""
+        report = {**self.attempt_usage, **self.attempt_details} if self.attempt_usage else None
+        prompt = json.dumps(self.messages, default=str)
+        return metering.call_usage(
+            self.ctx.agent, self.model, self.step, report, prompt_text=prompt, output_text="".join(self.step_text)
+        )
+
     async def _read_attempt(self) -> AsyncIterator[str]:
         """Read one response; the first-token and idle timers run only while waiting on it."""
         response = self.response
@@ -261,7 +281,7 @@ class ModelRun:
         first = True
         deadline = self.attempt_started + self.settings.first_token_timeout_ms / 1000
         finished = False
-        self.step_text, self.step_calls, self.attempt_usage = [], StreamedCalls(), {}
+        self.step_text, self.step_calls, self.attempt_usage, self.attempt_details = [], StreamedCalls(), {}, {}
         while True:
             chunk = await self._next_chunk(response, deadline, first=first, finished=finished)
             if chunk is None:
@@ -310,6 +330,10 @@ class ModelRun:
         if usage is not None:
             counts = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens}
             self.attempt_usage = {k: int(v) for k, v in counts.items() if isinstance(v, int)}
+            cached = getattr(getattr(usage, "prompt_tokens_details", None), "cached_tokens", None)
+            reasoning = getattr(getattr(usage, "completion_tokens_details", None), "reasoning_tokens", None)
+            details = {"cached_tokens": cached, "reasoning_tokens": reasoning}
+            self.attempt_details = {k: int(v) for k, v in details.items() if isinstance(v, int)}
             self.ctx.usage = add_usage(self.usage_before, self.attempt_usage) or None
 
     def _take_choice(self, choice: Any) -> tuple[str, bool, bool]:

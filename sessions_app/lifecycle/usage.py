@@ -1,0 +1,352 @@
+"""Usage and budgets: each model call's usage recorded once, reservations against budgets taken at
+admission, settled call by call and released when the run ends.
+
+Every function runs inside its caller's transaction (admission, a step's end, a run's end), so a
+call's usage, its session's totals and its budgets' counters commit together or not at all.
+
+Concurrency: a budget's counters change only by conditional `UPDATE`s (`_reserve`), which on
+PostgreSQL take the budget's row lock and re-check their condition on the row as committed by a
+racing writer; budgets are always taken in id order (no deadlock). SQLite serialises every writer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from functools import cache
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import Group
+from django.db import connection
+from django.db.models import F, Q
+from django.db.models.signals import post_delete, post_save
+from django.utils import timezone
+
+from sessions_app import signals
+from sessions_app.models import Budget, BudgetPeriod, BudgetScope, ChatSession, Run, UsageRecord
+
+# the session row's usage totals
+TOTAL_FIELDS = ("total_input_tokens", "total_output_tokens", "total_cost_micros")
+
+
+@dataclass
+class CallUsage:
+    """One model call's usage as its backend reported it (or as estimated from its text)."""
+
+    step: int
+    model: str = ""
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+    estimated: bool = False
+    unknown: bool = False
+    cost_micros: int | None = None  # None: no price for its model
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+@dataclass
+class Estimate:
+    """What admission reserves for one run against every budget that applies."""
+
+    tokens: int
+    cost_micros: int = 0
+    api_token_id: int | None = None
+
+
+class OverBudget(Exception):
+    """A send that would take a budget over its limit: nothing is admitted."""
+
+    def __init__(self, budget: Budget, resets_at: datetime | None) -> None:
+        self.name = str(budget)
+        self.budget_id = budget.pk
+        self.resets_at = resets_at
+        until = f"; it resets at {resets_at.isoformat()}" if resets_at else ""
+        super().__init__(f"budget {self.name!r} is spent{until}")
+
+
+# --- periods -------------------------------------------------------------------------------------
+
+
+def period_start(period: str, now: datetime) -> datetime | None:
+    """The start (UTC) of the period `now` is in; None for a budget that never resets."""
+    day = now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    if period == BudgetPeriod.DAY:
+        return day
+    if period == BudgetPeriod.WEEK:
+        return day - timedelta(days=day.weekday())
+    if period == BudgetPeriod.MONTH:
+        return day.replace(day=1)
+    return None
+
+
+def period_end(period: str, now: datetime) -> datetime | None:
+    """When the period `now` is in ends (the budget resets); None for `total`."""
+    start = period_start(period, now)
+    if start is None:
+        return None
+    if period == BudgetPeriod.DAY:
+        return start + timedelta(days=1)
+    if period == BudgetPeriod.WEEK:
+        return start + timedelta(days=7)
+    return (start + timedelta(days=32)).replace(day=1)
+
+
+def _roll(budget_id: int, period: str, now: datetime) -> None:
+    """Start the budget's current period if it has not been started: its usage back to zero
+    (reservations of runs still going stay)."""
+    start = period_start(period, now)
+    if start is None:
+        return
+    Budget.objects.filter(pk=budget_id).filter(Q(period_start__isnull=True) | Q(period_start__lt=start)).update(
+        period_start=start, used_tokens=0, used_cost_micros=0
+    )
+
+
+# --- do budgets apply at all? ------------------------------------------------------------------
+
+_check: dict[str, Any] = {"at": float("-inf"), "any": False}
+
+
+def budgets_may_apply() -> bool:
+    """Whether any budget is enabled (or a default for users is set): admission of a send with none
+    costs no statement for budgets. Read at most every GATEWAY_BUDGET_CHECK_SECONDS per process;
+    a budget saved in this process is seen at once."""
+    if settings.GATEWAY_DEFAULT_USER_BUDGET:
+        return True
+    now = time.monotonic()
+    if now - _check["at"] >= settings.GATEWAY_BUDGET_CHECK_SECONDS:
+        _check["any"] = Budget.objects.filter(enabled=True).exists()
+        _check["at"] = now
+    return bool(_check["any"])
+
+
+def forget_budget_check(**_kwargs: Any) -> None:
+    _check["at"] = float("-inf")
+
+
+post_save.connect(forget_budget_check, sender=Budget, dispatch_uid="usage-budget-saved")
+post_delete.connect(forget_budget_check, sender=Budget, dispatch_uid="usage-budget-deleted")
+
+
+# --- admission ----------------------------------------------------------------------------------
+
+
+def applicable(owner_id: int, agent_id: str, api_token_id: int | None) -> list[Budget]:
+    """The enabled budgets a send of this owner to this agent (by this API key) counts against, by id."""
+    groups = Group.user_set.through.objects.filter(user_id=owner_id).values("group_id")
+    match = (
+        Q(scope=BudgetScope.USER, user_id=owner_id)
+        | Q(scope=BudgetScope.GROUP, group_id__in=groups)
+        | Q(scope=BudgetScope.AGENT, agent_id=agent_id)
+    )
+    if api_token_id is not None:
+        match |= Q(scope=BudgetScope.API_KEY, api_token_id=api_token_id)
+    return list(Budget.objects.filter(match, enabled=True).order_by("id"))
+
+
+def _default_user_budget(owner_id: int) -> Budget | None:
+    """The settings' default budget for a user that has no budget of their own yet (created once)."""
+    default = settings.GATEWAY_DEFAULT_USER_BUDGET
+    if not default or Budget.objects.filter(scope=BudgetScope.USER, user_id=owner_id).exists():
+        return None
+    cost = default.get("max_cost_usd")
+    return Budget.objects.create(
+        name="default",
+        scope=BudgetScope.USER,
+        user_id=owner_id,
+        period=default.get("period", BudgetPeriod.MONTH),
+        max_tokens=default.get("max_tokens"),
+        max_cost_micros=None if cost is None else round(cost * 1_000_000),
+    )
+
+
+def reserve(owner_id: int, agent_id: str, estimate: Estimate) -> dict[str, Any] | None:
+    """Reserve `estimate` against every budget that applies, each by one conditional UPDATE; the run's
+    `budget` (what it holds), or None when no budget applies. Raises `OverBudget` (the caller's
+    transaction then undoes every reservation taken before)."""
+    if not budgets_may_apply():
+        return None
+    if settings.GATEWAY_DEFAULT_USER_BUDGET:
+        # two first sends of a new user must not both create the default (PostgreSQL; SQLite serialises)
+        _lock(f"budget-default:{owner_id}")
+        _default_user_budget(owner_id)
+    budgets = applicable(owner_id, agent_id, estimate.api_token_id)
+    if not budgets:
+        return None
+    now = timezone.now()
+    for budget in budgets:
+        _roll(budget.pk, budget.period, now)
+        taken = (
+            Budget.objects.filter(pk=budget.pk)
+            .filter(
+                Q(max_tokens__isnull=True)
+                | Q(max_tokens__gte=F("used_tokens") + F("reserved_tokens") + estimate.tokens)
+            )
+            .filter(
+                Q(max_cost_micros__isnull=True)
+                | Q(max_cost_micros__gte=F("used_cost_micros") + F("reserved_cost_micros") + estimate.cost_micros)
+            )
+            .update(
+                reserved_tokens=F("reserved_tokens") + estimate.tokens,
+                reserved_cost_micros=F("reserved_cost_micros") + estimate.cost_micros,
+            )
+        )
+        if not taken:
+            raise OverBudget(budget, period_end(budget.period, now))
+    return {
+        "budgets": [[b.pk, b.period] for b in budgets],
+        "tokens": estimate.tokens,
+        "cost": estimate.cost_micros,
+        "apiKey": estimate.api_token_id,
+        "released": False,
+    }
+
+
+def _lock(name: str) -> None:
+    if connection.vendor == "postgresql":
+        lock = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [lock])
+
+
+# --- recording a call -------------------------------------------------------------------------
+
+
+@cache
+def _insert_sql(vendor: str) -> tuple[str, tuple[str, ...]]:
+    fields = tuple(f.column for f in UsageRecord._meta.concrete_fields if not f.primary_key)
+    quote = connection.ops.quote_name
+    sql = (
+        f"INSERT INTO {quote(UsageRecord._meta.db_table)} ({', '.join(quote(c) for c in fields)}) "
+        f"VALUES ({', '.join(['%s'] * len(fields))}) ON CONFLICT (run_pk, step) DO NOTHING RETURNING id"
+    )
+    return sql, fields
+
+
+def _insert(row: UsageRecord) -> bool:
+    """Insert the call's row unless its step is recorded already: True when it was inserted now."""
+    sql, columns = _insert_sql(connection.vendor)
+    by_column = {f.column: f for f in UsageRecord._meta.concrete_fields}
+    params = [by_column[c].get_db_prep_save(getattr(row, by_column[c].attname), connection) for c in columns]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchone() is not None
+
+
+def record_calls(
+    run: Run,
+    session: ChatSession,
+    calls: list[CallUsage],
+    *,
+    save_row: Callable[..., None],
+    row_saved_later: bool = False,
+) -> bool:
+    """Record the calls' usage (a step already recorded is skipped: a retried write counts once), add
+    it to the session's totals and settle it against the run's budgets. True when a budget of the
+    run is now spent (the run must not ask its model again).
+
+    The caller holds the session's lock. The totals go into the locked row, saved by `save_row`
+    (`core.save_row`: its version moves), or, `row_saved_later`, by the caller's own save of the row
+    in the same transaction (the run's end saves it: no statement of its own)."""
+    now = timezone.now()
+    tokens = [0, 0, 0]  # input, output, cost
+    inserted: list[CallUsage] = []
+    for call in calls:
+        row = UsageRecord(
+            run_pk=run.pk,
+            step=call.step,
+            run_id=run.run_id,
+            session_pk=session.pk,
+            session_key=session.key,
+            user_id=session.owner_id,
+            api_token_id=(run.budget or {}).get("apiKey"),
+            agent_id=session.agent_id,
+            model=call.model[:200],
+            input_tokens=call.input_tokens,
+            output_tokens=call.output_tokens,
+            cached_tokens=call.cached_tokens,
+            reasoning_tokens=call.reasoning_tokens,
+            estimated=call.estimated,
+            unknown=call.unknown,
+            cost_micros=call.cost_micros,
+            day=now.astimezone(UTC).date(),
+            created_at=now,
+        )
+        if _insert(row):
+            inserted.append(call)
+            tokens[0] += call.input_tokens
+            tokens[1] += call.output_tokens
+            tokens[2] += call.cost_micros or 0
+    if inserted:
+        signals.usage_recorded.send(sender=UsageRecord, agent_id=session.agent_id, calls=inserted)
+    if not any(tokens):
+        return _spent(run)  # a second try of a write that committed: what the first found, found again
+    session.total_input_tokens += tokens[0]
+    session.total_output_tokens += tokens[1]
+    session.total_cost_micros += tokens[2]
+    if not row_saved_later:
+        save_row(session, *TOTAL_FIELDS)
+    return _settle(run, tokens[0] + tokens[1], tokens[2], now)
+
+
+def _settle(run: Run, tokens: int, cost: int, now: datetime) -> bool:
+    """Move `tokens`/`cost` of the run's usage from its reservation to its budgets' usage."""
+    held = run.budget
+    if not held or held.get("released"):
+        return False
+    take_tokens, take_cost = min(tokens, held["tokens"]), min(cost, held["cost"])
+    for budget_id, period in held["budgets"]:
+        _roll(budget_id, period, now)
+        Budget.objects.filter(pk=budget_id).update(
+            used_tokens=F("used_tokens") + tokens,
+            used_cost_micros=F("used_cost_micros") + cost,
+            reserved_tokens=F("reserved_tokens") - take_tokens,
+            reserved_cost_micros=F("reserved_cost_micros") - take_cost,
+        )
+    run.budget = {**held, "tokens": held["tokens"] - take_tokens, "cost": held["cost"] - take_cost}
+    Run.objects.filter(pk=run.pk).update(budget=run.budget)
+    return _spent(run)
+
+
+def _spent(run: Run) -> bool:
+    """Whether a budget the run counts against is spent (its usage at or over its limit)."""
+    held = run.budget
+    if not held or held.get("released"):
+        return False
+    ids = [budget_id for budget_id, _period in held["budgets"]]
+    return (
+        Budget.objects.filter(pk__in=ids)
+        .filter(
+            Q(max_tokens__isnull=False, used_tokens__gte=F("max_tokens"))
+            | Q(max_cost_micros__isnull=False, used_cost_micros__gte=F("max_cost_micros"))
+        )
+        .exists()
+    )
+
+
+def release(run: Run) -> None:
+    """The run ended: what it still holds of its reservation goes back to its budgets (once)."""
+    held = run.budget
+    if not held or held.get("released"):
+        return
+    for budget_id, _period in held["budgets"]:
+        Budget.objects.filter(pk=budget_id).update(
+            reserved_tokens=F("reserved_tokens") - held["tokens"],
+            reserved_cost_micros=F("reserved_cost_micros") - held["cost"],
+        )
+    run.budget = {**held, "tokens": 0, "cost": 0, "released": True}
+    Run.objects.filter(pk=run.pk).update(budget=run.budget)
+
+
+def unknown_call(run: Run) -> CallUsage:
+    """The call a run was making when its process died: its usage is unknown (recorded as such)."""
+    last = UsageRecord.objects.filter(run_pk=run.pk).order_by("-step").values_list("step", flat=True).first()
+    return CallUsage(step=(last or 0) + 1, unknown=True)
