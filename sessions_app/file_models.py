@@ -6,8 +6,6 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
-from sessions_app.models import Run
-
 
 class StoredFile(models.Model):
     """A file a user uploaded or attached: its bytes live in the `attachments` storage under
@@ -34,7 +32,7 @@ class StoredFile(models.Model):
 class RunFile(models.Model):
     """A run's use of a stored file (one row per attachment): the file lives while a run uses it."""
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="files")
+    run = models.ForeignKey("sessions_app.Run", on_delete=models.CASCADE, related_name="files")
     file = models.ForeignKey(StoredFile, on_delete=models.CASCADE, related_name="uses")
     position = models.PositiveSmallIntegerField(default=0)
 
