@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -52,6 +53,8 @@ async def test_daphne_closes_oversize_frame_with_1009(live):
             )
         )
         assert await c.wait_closed() == 1009
+        # the close frame's reason names the limit, so a client can tell why (and upload instead)
+        assert re.search(r"exceeds payload limit of \d+ octets", c.ws.close_reason or ""), c.ws.close_reason
     async with ws_client(server, token, subscribe=False) as c:
         listing = await c.ok("sessions.list", {"search": "huge"})
         assert listing["totalCount"] == 0
