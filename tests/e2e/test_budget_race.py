@@ -7,7 +7,6 @@ Skipped, with the reason, when PostgreSQL or Redis is not reachable.
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,8 +16,9 @@ import psycopg
 import pytest
 
 from tests.support import services
+from tests.support.cluster import cluster as two_processes
 from tests.support.db import send_params
-from tests.support.servers import FAST_ENV, ServerHandle, create_token, manage, start_server, ws_client
+from tests.support.servers import ServerHandle, start_server, ws_client
 
 pytestmark = [pytest.mark.server, pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(300)]
 
@@ -29,30 +29,15 @@ RESERVATION = 5 + OUTPUT_CAP
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    services.require_services()
-    db_url = services.create_database()
     log_dir: Path = tmp_path_factory.mktemp("budgets")
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    env.update(FAST_ENV)
-    env.update(
-        {
-            "DATABASE_URL": db_url,
-            "REDIS_URL": services.REDIS_URL,
-            "PYTHONUNBUFFERED": "1",
-            "REDIS_LAYER_PREFIX": f"agt{uuid.uuid4().hex[:8]}",
-            "GATEWAY_BUDGET_OUTPUT_TOKENS": str(OUTPUT_CAP),
-            "GATEWAY_BUDGET_CHECK_SECONDS": "0",  # a budget made by this test is seen at once
-        }
-    )
-    manage(env, "migrate", "--noinput", "-v0")
-    token = create_token(env, "dana")
-    servers = [start_server(env=env, log_dir=log_dir) for _ in range(2)]
-    for s in servers:
-        s.wait_ready()
-    yield {"env": env, "token": token, "servers": servers, "db_url": db_url, "log_dir": log_dir}
-    for s in servers:
-        s.stop()
-    services.drop_database(db_url)
+    with two_processes(
+        log_dir,
+        2,
+        GATEWAY_BUDGET_OUTPUT_TOKENS=str(OUTPUT_CAP),
+        GATEWAY_BUDGET_CHECK_SECONDS="0",  # a budget made by this test is seen at once
+    ) as c:
+        token = c.token("dana")
+        yield {"env": c.env, "token": token, "servers": c.servers, "db_url": c.db_url, "log_dir": log_dir}
 
 
 def db(db_url: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
