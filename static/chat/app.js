@@ -51,6 +51,9 @@ els.composer.addEventListener("keydown", (ev) => {
   if (ev.key === "Enter" && !ev.shiftKey && !ev.altKey && !ev.ctrlKey && !ev.metaKey && !ev.isComposing) {
     ev.preventDefault();
     sendComposer();
+  } else if (ev.key === "Enter" && ev.altKey && !ev.shiftKey && !ev.ctrlKey && !ev.metaKey && !ev.isComposing) {
+    ev.preventDefault();
+    sendComposer({ queue: true }); // after the current reply, not into it
   }
 });
 els.composer.addEventListener("input", () => {
@@ -147,7 +150,7 @@ Object.defineProperty(window, "agentgate", { value: { get state() { return state
 // the same idempotency key (the server answers a resend of one that did go out with its ack).
 for (const item of stored.load("outbox", [])) {
   if (item && typeof item.key === "string" && typeof item.runId === "string" && typeof item.text === "string") {
-    dispatch({ type: "send/request", key: item.key, runId: item.runId, text: item.text, restored: true });
+    dispatch({ type: "send/request", key: item.key, runId: item.runId, text: item.text, queueMode: item.queueMode || null, restored: true });
   }
 }
 setComposer(state.drafts[state.currentKey] || "");

@@ -141,8 +141,10 @@ export function flushOutbox() {
   for (const run of outbox(state)) {
     const { key, id } = run;
     dispatch({ type: "send/sent", key, runId: id, gen: state.conn.gen });
+    const params = { sessionKey: key, message: run.userText, idempotencyKey: id };
+    if (run.queueMode) params.queueMode = run.queueMode; // the same mode on every resend of the key
     client
-      .request("chat.send", { sessionKey: key, message: run.userText, idempotencyKey: id })
+      .request("chat.send", params)
       .then((response) => dispatch({ type: "send/ack", key, runId: id, response }))
       .catch((error) => {
         // No answer: the socket went away (or the request timed out). Same key, next connection.

@@ -17,8 +17,8 @@ function newRunId() {
   return `web-${Date.now().toString(36)}-${hex}`;
 }
 
-/** Send the composer's text as a message of the open session. */
-export function sendComposer() {
+/** Send the composer's text as a message of the open session (`queue`: after the working run, never into it). */
+export function sendComposer({ queue = false } = {}) {
   const text = els.composer.value;
   if (!text.trim()) return;
   const max = state.policy.maxMessageChars;
@@ -27,7 +27,7 @@ export function sendComposer() {
     return;
   }
   page.stickToBottom = true;
-  dispatch({ type: "send/request", key: state.currentKey, runId: newRunId(), text });
+  dispatch({ type: "send/request", key: state.currentKey, runId: newRunId(), text, queue });
   els.composer.focus();
 }
 

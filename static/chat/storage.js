@@ -10,7 +10,7 @@ export function storedOutbox(state) {
   return Object.values(state.runs)
     .filter((r) => r.own && r.phase === "sending" && r.userText != null)
     .sort((a, b) => a.order - b.order)
-    .map((r) => ({ key: r.key, runId: r.id, text: r.userText }));
+    .map((r) => (r.queueMode ? { key: r.key, runId: r.id, text: r.userText, queueMode: r.queueMode } : { key: r.key, runId: r.id, text: r.userText }));
 }
 
 /** The drafts worth keeping across a reload (non-empty ones). */
