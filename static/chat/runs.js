@@ -168,7 +168,8 @@ export function activity(state, key) {
   const queuedRow = row
     ? (row.queuedRunIds || []).filter((id) => {
         const run = state.runs[runKey(key, id)];
-        return !run || !TERMINAL_PHASES.has(run.phase);
+        // a steer waiting for its run is in the server's queue, but it is not queued behind the reply
+        return !run || (!TERMINAL_PHASES.has(run.phase) && run.phase !== "steering");
       }).length
     : 0;
   return {

@@ -26,7 +26,8 @@ export function steerStatus(r, p) {
     r.steeredInto = null;
     return true;
   }
-  if (p.steer === "pending" && (r.phase === "sending" || r.phase === "steering")) {
+  // (`queued` too: a steer of another tab or client, first seen by this event)
+  if (p.steer === "pending" && (r.phase === "sending" || r.phase === "queued" || r.phase === "steering")) {
     r.phase = "steering";
     return true;
   }

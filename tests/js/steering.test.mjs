@@ -110,6 +110,11 @@ describe("the steer's ack and events", () => {
       'user "stop counting" steering',
     ]);
     assert.equal(activity(s, KEY).queued, 0);
+    // the row lists it among the queued runs (it is in the server's queue): still not "queued"
+    const row = { key: KEY, sessionId: GEN, agentId: "llm", status: "running", hasActiveRun: true, activeRunIds: ["r1"], queuedRunIds: ["s1"], version: 5, createdAt: 1, updatedAt: 2 };
+    s = events(s, [["sessions.changed", { sessionKey: KEY, reason: "steer.queued", ts: 2, session: row }]]);
+    assert.equal(activity(s, KEY).queued, 0);
+    assert.equal(shown(s).at(-1), 'user "stop counting" steering');
     assert.equal(editTarget(s, KEY), null); // nothing to edit while it waits
   });
 
@@ -118,6 +123,12 @@ describe("the steer's ack and events", () => {
     s = events(s, [chat("s1", 1, "status", { phase: "queued", steer: "pending" })]);
     s = ack(s, "s1", { status: "started", runId: "r1", steered: true, steerRunId: "s1" });
     assert.equal(s.runs[`${KEY}|s1`].phase, "steering");
+  });
+
+  test("another tab's steer, first seen by its pending event, shows waiting too", () => {
+    const s = events(working(), [chat("x1", 1, "status", { phase: "queued", steer: "pending" })]);
+    assert.equal(s.runs[`${KEY}|x1`].phase, "steering");
+    assert.equal(activity(s, KEY).queued, 0);
   });
 
   test("acked queued (the run cannot take it): shown queued, as any follow-up", () => {
