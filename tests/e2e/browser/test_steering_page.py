@@ -138,10 +138,10 @@ def test_a_message_typed_while_the_agent_works_goes_into_its_reply(
     expect(page.locator('[data-testid="message"][data-role="assistant"][data-state="final"]')).to_have_count(
         2, timeout=SLOW
     )
+    assert shown(page) == STEERED, server.log_tail(40)
     expect(page.locator('[data-testid="tool-card"][data-state="skipped"]')).to_contain_text("Skipped")
     expect(page.locator('[data-testid="message"][data-state="aborted"]')).to_have_count(0)
     expect(page.locator('[data-testid="message"][data-state="error"]')).to_have_count(0)
-    assert shown(page) == STEERED
     assert executions(count_file) == 1  # the running call finished; the skipped one never ran
 
     page.reload()
