@@ -53,6 +53,9 @@ els.composer.addEventListener("keydown", (ev) => {
   if (ev.key === "Enter" && !ev.shiftKey && !ev.altKey && !ev.ctrlKey && !ev.metaKey && !ev.isComposing) {
     ev.preventDefault();
     sendComposer();
+  } else if (ev.key === "Enter" && ev.altKey && !ev.shiftKey && !ev.ctrlKey && !ev.metaKey && !ev.isComposing) {
+    ev.preventDefault();
+    sendComposer({ queue: true }); // after the current reply, not into it
   }
 });
 els.composer.addEventListener("input", () => {
@@ -151,7 +154,7 @@ Object.defineProperty(window, "agentgate", { value: { get state() { return state
 for (const item of stored.load("outbox", [])) {
   if (item && typeof item.key === "string" && typeof item.runId === "string" && typeof item.text === "string") {
     const attachments = Array.isArray(item.attachments) ? item.attachments.filter((a) => a && typeof a.fileId === "string") : [];
-    dispatch({ type: "send/request", key: item.key, runId: item.runId, text: item.text, attachments, restored: true });
+    dispatch({ type: "send/request", key: item.key, runId: item.runId, text: item.text, attachments, queueMode: item.queueMode || null, restored: true });
   }
 }
 setComposer(state.drafts[state.currentKey] || "");

@@ -7,6 +7,9 @@ import { scheduleRender, state } from "./store.js";
 import { needsApproval } from "./tools.js";
 import { els, page } from "./view.js";
 
+const HINT = "Enter sends · Shift+Enter adds a line";
+const STEER_HINT = "Enter sends into the current reply · Alt+Enter queues it for after · Stop interrupts";
+
 /** Put `text` in the composer (a draft of another session, an edited message). */
 export function setComposer(text) {
   if (els.composer.value !== text) els.composer.value = text;
@@ -45,5 +48,8 @@ export function renderComposer() {
   }
   setText(els.status, text);
   setAttr(els.status, "data-kind", kind);
-  els.send.title = act.active ? "Send (it waits behind the current reply)" : "Send";
+  // While a run works, Enter sends into it (a steer, read at its next step); Alt+Enter queues instead.
+  els.send.title = act.active ? "Send into the current reply: the agent reads it at its next step" : "Send";
+  const hint = document.getElementById("composer-hint");
+  if (hint) setText(hint, act.active ? STEER_HINT : HINT);
 }

@@ -4,6 +4,7 @@
 import { inlineCommand } from "./commands.js";
 import { ACTIVE_PHASES, TERMINAL_PHASES, emptyConv, runKey, runOf } from "./model.js";
 import { activity, liveRuns } from "./runs.js";
+import { replyParts, restOf, steersIn, wasTaken } from "./steering.js";
 import { stopLabel } from "./texts.js";
 import { TOOL_TERMINAL, approvalOf } from "./tools.js";
 import { toolCardView } from "./toolview.js";
@@ -18,6 +19,7 @@ function assistantFromRun(run, inTranscript = false) {
     case "final":
       return { ...base, state: "final" };
     case "aborted":
+      if (wasTaken(run)) return null; // a steer its run took: its answer is that run's reply
       return { ...base, state: "aborted", meta: stopLabel(run.stopReason) };
     case "error":
       if (run.rejected && !inTranscript) return null; // shown on the user's message instead
@@ -32,6 +34,7 @@ function userFromRun(run) {
   const base = { id: `u:${run.id}`, role: "user", runId: run.id, text: run.userText, attachments: run.attachments || [] };
   if (run.phase === "sending") return { ...base, state: "sending" };
   if (run.phase === "queued") return { ...base, state: "queued", position: run.position };
+  if (run.phase === "steering") return { ...base, state: "steering" };
   if (run.phase === "error" && run.rejected) {
     return { ...base, state: "error", error: run.error, errorKind: run.errorKind || null, unconfirmed: run.errorKind === "unconfirmed" };
   }
@@ -98,8 +101,11 @@ function pushReply(out, m) {
   const run = runOf(out.state, out.key, m.runId);
   pushCards(out, m.runId, reply.toolCallIds);
   if (run && ACTIVE_PHASES.has(run.phase) && out.conv.inFlightRunId === m.runId) {
-    // Still running (history holds its steps so far): the live reply, which carries the whole text.
-    out.items.push(assistantFromRun(run, true));
+    // Still running (history holds its steps so far): the live reply, which carries the whole text
+    // (less the parts before its steers, shown above them).
+    const live = assistantFromRun(run, true);
+    if (reply.before) live.text = restOf(live.text, reply.before);
+    out.items.push(live);
     return;
   }
   const item = {
@@ -120,6 +126,41 @@ function pushReply(out, m) {
     item.meta = run && run.phase === "aborted" ? stopLabel(run.stopReason) : "Stopped";
   }
   out.items.push(item);
+}
+
+/**
+ * A part of a steered run's reply (`out.split`): an earlier part is shown as it is in the transcript,
+ * with its own calls; the last one, when no steer follows it, as any reply (pushReply).
+ */
+function pushPart(out, m) {
+  const split = out.split.get(m.runId);
+  const k = split.parts.findIndex((p) => p.first === m);
+  if (k < 0) return;
+  if (k === split.parts.length - 1 && !split.tail) {
+    pushReply(out, m);
+    return;
+  }
+  const part = split.parts[k];
+  const byId = new Map((out.cards.get(m.runId) || []).map((item) => [item.toolCallId, item]));
+  for (const id of part.toolCallIds) {
+    const item = byId.get(id);
+    if (!item || out.placed.has(item.id)) continue;
+    out.placed.add(item.id);
+    out.items.push(item);
+  }
+  out.items.push({ id: `a:${m.runId}:${k}`, role: "assistant", runId: m.runId, text: part.text, state: "final", details: null, part: true });
+}
+
+/** A steering message; after the last steer of a run still working (or not reloaded since), the rest of its reply. */
+function pushSteer(out, m, into) {
+  out.items.push({ id: m.runId ? `u:${m.runId}` : `m:${m.id}`, role: "user", runId: m.runId || null, text: textOf(m) || "", state: "final", steer: true });
+  const split = out.split.get(into);
+  if (!split || split.tail !== m) return;
+  const run = runOf(out.state, out.key, into);
+  if (!run) return;
+  pushCards(out, into);
+  const live = assistantFromRun(run, true);
+  if (live) out.items.push({ ...live, text: restOf(live.text, split.parts.map((p) => p.text)) });
 }
 
 /** Any other message (no run id): an assistant message's cards, then the message. */
@@ -161,12 +202,34 @@ export function conversation(state, key) {
   const conv = state.convs[key] || emptyConv();
   const replies = repliesByRun(conv.messages);
   const cards = toolCardsByRun(state, key, conv.sessionId);
-  const out = { state, key, conv, row: state.rows[key], replies, cards, items: [], placed: new Set() };
+  const out = { state, key, conv, row: state.rows[key], replies, cards, items: [], placed: new Set(), split: new Map() };
+  // Steered runs: their reply in parts, the steering messages between them (steering.js).
+  const parts = replyParts(conv.messages, textOf, toolCallIdsOf);
+  const open = (runId) => conv.inFlightRunId === runId || ACTIVE_PHASES.has((runOf(state, key, runId) || {}).phase);
+  const steers = steersIn(conv.messages, parts, open, (runId) => wasTaken(runOf(state, key, runId)));
+  for (const [m, into] of steers) {
+    const list = parts.get(into);
+    const split = out.split.get(into) || { parts: list, tail: null };
+    if (conv.messages.indexOf(m) > conv.messages.indexOf(list[list.length - 1].last)) split.tail = m;
+    out.split.set(into, split);
+  }
+  for (const [runId, list] of parts) {
+    if (list.length > 1 && !out.split.has(runId)) out.split.set(runId, { parts: list, tail: null });
+  }
+  for (const [runId, split] of out.split) {
+    // The reply pushReply shows is the last part; the ones before it are shown above their steers.
+    const last = split.parts[split.parts.length - 1];
+    const before = split.parts.slice(0, -1).map((p) => p.text);
+    out.replies = new Map(out.replies);
+    out.replies.set(runId, { ...replies.get(runId), ...last, toolCallIds: [...last.toolCallIds], before });
+  }
   const userRuns = new Set();
   for (const m of conv.messages) if (m.runId && m.role === "user") userRuns.add(m.runId);
   for (const m of conv.messages) {
     if (m.role === "toolResult") continue;
-    if (m.role === "user") pushUserMessage(out, m);
+    if (m.role === "user" && steers.has(m)) pushSteer(out, m, steers.get(m));
+    else if (m.role === "user") pushUserMessage(out, m);
+    else if (m.role === "assistant" && m.runId && out.split.has(m.runId)) pushPart(out, m);
     else if (m.role === "assistant" && m.runId) pushReply(out, m);
     else pushOtherMessage(out, m);
   }
@@ -217,7 +280,7 @@ export function editTarget(state, key, items = conversation(state, key)) {
   for (let i = items.length - 1; i >= 0; i -= 1) {
     const item = items[i];
     if (item.role !== "user") continue;
-    if (item.state === "sending" || item.state === "queued") return null;
+    if (item.state === "sending" || item.state === "queued" || item.state === "steering") return null;
     return { itemId: item.id, runId: item.runId, text: item.text };
   }
   return null;

@@ -143,6 +143,7 @@ export function flushOutbox() {
     dispatch({ type: "send/sent", key, runId: id, gen: state.conn.gen });
     const params = { sessionKey: key, message: run.userText, idempotencyKey: id };
     if (run.attachments && run.attachments.length) params.attachments = run.attachments.map((a) => ({ fileId: a.fileId }));
+    if (run.queueMode) params.queueMode = run.queueMode; // the same mode on every resend of the key
     client
       .request("chat.send", params)
       .then((response) => dispatch({ type: "send/ack", key, runId: id, response }))

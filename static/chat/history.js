@@ -96,7 +96,7 @@ function resumeQueued(s, key, queuedRuns, gen) {
     if (ACTIVE_PHASES.has(run.phase) && run.seq > 0) continue; // events already showed it running
     putRun(s, {
       ...run,
-      phase: "queued",
+      phase: run.phase === "steering" ? "steering" : "queued", // a steer waiting for its run stays one
       position: q.position || null,
       userText: run.userText ?? (typeof q.text === "string" ? q.text : null),
       sessionId: gen || run.sessionId,

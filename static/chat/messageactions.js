@@ -17,8 +17,8 @@ function newRunId() {
   return `web-${Date.now().toString(36)}-${hex}`;
 }
 
-/** Send the composer's text as a message of the open session. */
-export function sendComposer() {
+/** Send the composer's text as a message of the open session (`queue`: after the working run, never into it). */
+export function sendComposer({ queue = false } = {}) {
   const text = els.composer.value;
   if (attachmentsBlock()) return; // an upload still going, or one that failed: the message stays
   if (!text.trim() && attached.length === 0) return;
@@ -29,7 +29,7 @@ export function sendComposer() {
   }
   page.stickToBottom = true;
   const attachments = takeAttachments();
-  dispatch({ type: "send/request", key: state.currentKey, runId: newRunId(), text, attachments });
+  dispatch({ type: "send/request", key: state.currentKey, runId: newRunId(), text, attachments, queue });
   els.composer.focus();
 }
 

@@ -22,6 +22,9 @@ function metaFor(item) {
       return { text: state.conn.status === "online" ? "Sending…" : "Waiting for the connection…" };
     case "queued":
       return { text: item.position ? `Queued · #${item.position}` : "Queued", cancel: true };
+    case "steering":
+      // Sent into the working reply (steering.js); Cancel withdraws it until the agent reads it.
+      return { text: "Sent into the reply · the agent reads it at its next step", cancel: true };
     case "error": {
       if (item.unconfirmed) return { text: item.error };
       const kind = item.errorKind && item.errorKind !== "error" ? ` (${item.errorKind})` : "";

@@ -2,6 +2,7 @@
 // (PROTOCOL.md §4), and what the composer needs to know of a session's runs. Pure.
 
 import { ACTIVE_PHASES, TERMINAL_PHASES, effect, inTranscript, runKey } from "./model.js";
+import { steerStatus } from "./steering.js";
 import { endRunTools } from "./tools.js";
 import { detailsOf, textOf } from "./transcript.js";
 
@@ -27,6 +28,8 @@ export function newRun(s, key, runId, fields) {
     ackTick: null, // tick at which the server is known to have the run
     settledBy: null, // what made it terminal: event | ack | row | history
     draftRestored: false,
+    queueMode: null, // "steer": sent into the session's working run
+    steeredInto: null, // the run a steer was acked into (steering.js)
     details: null, // {durationMs, promptTokens, completionTokens} once finished
     order: s.order,
     ...fields,
@@ -93,6 +96,10 @@ export function onChat(s, p) {
   const text = textOf(p.message);
   switch (p.state) {
     case "status":
+      if (!terminal && steerStatus(r, p)) {
+        putRun(s, r);
+        return;
+      }
       if (!terminal) {
         if (p.phase === "queued") r.phase = r.phase === "sending" ? "queued" : r.phase;
         else if (r.phase !== "streaming") {
@@ -128,6 +135,8 @@ export function onChat(s, p) {
       );
       return;
     case "aborted":
+      // A steer taken by its run: the transcript now holds the reply so far, then the steer.
+      if (p.stopReason === "steered" && key === s.currentKey) effect(s, { type: "history", key });
       settle(s, r, "aborted", { text: text != null ? text : r.text, stopReason: p.stopReason || "rpc", rejected: false, details: detailsOf(p) }, "event");
       return;
     default:
@@ -162,7 +171,8 @@ export function activity(state, key) {
   const queuedRow = row
     ? (row.queuedRunIds || []).filter((id) => {
         const run = state.runs[runKey(key, id)];
-        return !run || !TERMINAL_PHASES.has(run.phase);
+        // a steer waiting for its run is in the server's queue, but it is not queued behind the reply
+        return !run || (!TERMINAL_PHASES.has(run.phase) && run.phase !== "steering");
       }).length
     : 0;
   return {

@@ -9,13 +9,18 @@
 import { inlineCommand } from "./commands.js";
 import { TERMINAL_PHASES, effect, inTranscript, runKey } from "./model.js";
 import { canonicalKey } from "./policy.js";
-import { newRun, putRun, settle } from "./runs.js";
+import { activity, newRun, putRun, settle } from "./runs.js";
+import { ackSteered } from "./steering.js";
 
 // --- acks ----------------------------------------------------------------------------------
 
 /** `started`, `queued`, `in_flight`: the server has the run; a run that ended already stays ended. */
 function ackPending(s, r, status, payload) {
   r.ackTick = s.tick;
+  if (payload.steered === true && ackSteered(r, payload)) {
+    putRun(s, r);
+    return;
+  }
   if (!TERMINAL_PHASES.has(r.phase) && (r.phase === "sending" || r.phase === "queued")) {
     const queued = status === "queued" || (status === "in_flight" && payload.queuePosition);
     r.phase = queued ? "queued" : "started";
@@ -128,7 +133,12 @@ function onSendRequest(s, action) {
   const key = canonicalKey(action.key, "main", s.policy) || s.currentKey;
   if (s.runs[runKey(key, action.runId)]) return;
   const attachments = Array.isArray(action.attachments) ? action.attachments : [];
-  putRun(s, newRun(s, key, action.runId, { phase: "sending", userText: action.text, own: true, attachments }));
+  // Typed while a run of the session works: it goes into that run (a steer), unless the user asked
+  // to queue it (`queue`) or it is an inline command (those act on the session, never steer).
+  // A restored send keeps the mode it first went out with (the server knows its key by it).
+  const steer = !action.queue && activity(s, key).active && !inlineCommand(action.text, s.commands);
+  const queueMode = action.restored ? action.queueMode || null : steer ? "steer" : null;
+  putRun(s, newRun(s, key, action.runId, { phase: "sending", userText: action.text, own: true, attachments, queueMode }));
   if (!action.restored && !action.keepDraft) {
     s.drafts = { ...s.drafts, [key]: "" };
     effect(s, { type: "draft", key });

@@ -10,7 +10,13 @@ export function storedOutbox(state) {
   return Object.values(state.runs)
     .filter((r) => r.own && r.phase === "sending" && r.userText != null)
     .sort((a, b) => a.order - b.order)
-    .map((r) => ({ key: r.key, runId: r.id, text: r.userText, ...(r.attachments && r.attachments.length ? { attachments: r.attachments } : {}) }));
+    .map((r) => ({
+      key: r.key,
+      runId: r.id,
+      text: r.userText,
+      ...(r.attachments && r.attachments.length ? { attachments: r.attachments } : {}),
+      ...(r.queueMode ? { queueMode: r.queueMode } : {}),
+    }));
 }
 
 /** The drafts worth keeping across a reload (non-empty ones). */
