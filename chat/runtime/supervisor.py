@@ -368,7 +368,12 @@ class Supervisor:
         # carrying them may still be queued behind this drain.
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.repair_now(), LAST_REPAIR_SECONDS)
-        for connection in rt.connections:
+        await self.close_connections()
+
+    async def close_connections(self) -> None:
+        """Close every connection with 4001 (the drain's last step; also `serve`'s when the drain runs
+        out of time: a connection the process exits under sees 1006 and never learns why)."""
+        for connection in self.runtime.connections:
             with contextlib.suppress(Exception):
                 await connection.close(code=4001)
 

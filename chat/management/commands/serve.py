@@ -11,6 +11,7 @@ process ends itself EXIT_WAIT_SECONDS and KILL_AFTER_SECONDS later.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 STOP_GRACE_SECONDS = 2.0  # after the drain: its runs ended, the runtime stopped, the connections closed
 EXIT_WAIT_SECONDS = 0.5  # for database calls under way when the server has stopped
 KILL_AFTER_SECONDS = 0.5  # then nothing is waited for (a connection's handler that never ends, say)
+CLOSE_MARGIN_SECONDS = 0.5  # before the deadline: a drain still going closes the connections (4001) then
 
 
 class Command(BaseCommand):
@@ -160,6 +162,11 @@ class _Control:
                 # Not cancelled and waited for (as `wait_for` would): a task may swallow its
                 # cancellation (a Redis send turns it into a timeout), and the broadcaster's then
                 # sent on through its whole queue, for over a minute after 200 streams.
+                if not (await asyncio.wait({draining}, timeout=deadline - CLOSE_MARGIN_SECONDS - time.monotonic()))[0]:
+                    # Running late (a loaded process): the clients are told now, while there is time
+                    # for the close frames to leave before the reactor stops.
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(runtime.supervisor.close_connections(), CLOSE_MARGIN_SECONDS / 2)
                 if not (await asyncio.wait({draining}, timeout=deadline - time.monotonic()))[0]:
                     # Cut short: events still queued for other processes' clients (repair brings
                     # them), leaving this process's layer groups (they expire).
