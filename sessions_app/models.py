@@ -6,6 +6,7 @@ Only `sessions_app.lifecycle` writes run and session state; these classes hold d
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from django.conf import settings
 from django.db import models
@@ -75,6 +76,20 @@ class Actor(models.TextChoices):
     REAPER = "reaper"
 
 
+def message_pointer() -> models.ForeignKey[Any, Any]:
+    """A pointer at a transcript message (a branch's leaf, a run's prompt): no constraint and no index,
+    as messages go with their session, never alone (nothing to cascade) and are found from the pointer."""
+    return models.ForeignKey(
+        "Message",
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        related_name="+",
+        db_constraint=False,
+        db_index=False,
+    )
+
+
 class ChatSession(models.Model):
     """One conversation of one owner, addressed by its canonical key."""
 
@@ -107,15 +122,7 @@ class ChatSession(models.Model):
     # The newest message of the active branch of the current transcript (NULL: it is empty, or
     # rewound to its start): THE active branch is this message and its parents (`sessions_app.branches`).
     # Messages go with their session, never alone: nothing to cascade here.
-    active_leaf = models.ForeignKey(
-        "Message",
-        null=True,
-        blank=True,
-        on_delete=models.DO_NOTHING,
-        related_name="+",
-        db_constraint=False,
-        db_index=False,
-    )
+    active_leaf = message_pointer()
     # every model call's usage in this session, all generations (`lifecycle.usage`)
     total_input_tokens = models.BigIntegerField(default=0, db_default=0)
     total_output_tokens = models.BigIntegerField(default=0, db_default=0)
@@ -183,24 +190,8 @@ class Run(models.Model):
     # Where the run's messages go when not after the session's active leaf (docs/branches.md): `prompt`,
     # the user message it answers again (a regenerated reply: it adds no user message of its own);
     # `follows`, the message its own user message follows (a `previous_response_id` continuing its branch).
-    prompt = models.ForeignKey(
-        "Message",
-        null=True,
-        blank=True,
-        on_delete=models.DO_NOTHING,
-        related_name="+",
-        db_constraint=False,
-        db_index=False,
-    )
-    follows = models.ForeignKey(
-        "Message",
-        null=True,
-        blank=True,
-        on_delete=models.DO_NOTHING,
-        related_name="+",
-        db_constraint=False,
-        db_index=False,
-    )
+    prompt = message_pointer()
+    follows = message_pointer()
     # Set while an HTTP run with an Idempotency-Key has no client: aborted unless a retry reattaches (§14.6).
     detached_at = models.DateTimeField(null=True, blank=True)
     # What admission reserved against budgets (`lifecycle.usage.Reservation.as_json`); NULL: none applied.
