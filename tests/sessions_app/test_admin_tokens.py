@@ -192,7 +192,9 @@ def test_filters_and_search(admin_client: Client, keys: dict[str, ApiToken], que
 def test_search_by_prefix(admin_client: Client, keys: dict[str, ApiToken]) -> None:
     key = keys["ann-read"]
     assert _listed(admin_client, f"?q={key.prefix}") == ["ann-read"]
-    assert _listed(admin_client, f"?q={key.prefix[:-1].lower()}x") == []  # a prefix is matched as printed
+    # one character off (whatever its case: SQLite's LIKE ignores case) matches nothing
+    other = "0" if key.prefix[-1] != "0" else "1"
+    assert _listed(admin_client, f"?q={key.prefix[:-1]}{other}") == []
 
 
 @pytest.mark.parametrize("query", ["", "?state=active", "?scope=admin", "?q=user"])
