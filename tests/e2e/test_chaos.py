@@ -76,7 +76,8 @@ class Chaos:
         server = slot % PROCESSES if slot < PROCESSES or slot >= 100 else self.rng.randrange(PROCESSES)
         handle = self.c.servers[server]
         try:
-            ws = await websockets.connect(handle.ws_url, open_timeout=5, max_size=2**21)
+            # read on demand: an unbounded queue keeps the socket (and the pongs) read meanwhile
+            ws = await websockets.connect(handle.ws_url, open_timeout=5, max_size=2**21, max_queue=None)
             client = WsClient(ws)
             await client._pump_one(5)
             client.hello = await client.ok(

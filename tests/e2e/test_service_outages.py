@@ -143,7 +143,11 @@ class Outages:
         """A handshake; None if it was refused for an outage (then the socket closed with 4013)."""
         handle = self.c.servers[server]
         try:
-            ws = await websockets.connect(handle.ws_url, open_timeout=10, max_size=2**21)
+            # The test reads a connection only when it asks something of it. With the default
+            # queue of 16 frames an idle watcher's socket stops being read once its runs' deltas
+            # fill the queue, so the server's pong goes unread too, and the client's keepalive
+            # closes the connection 20 s after a ping (1006 here, and its groups leave Redis).
+            ws = await websockets.connect(handle.ws_url, open_timeout=10, max_size=2**21, max_queue=None)
         except Exception as exc:
             self.problems.append(f"process {server} refused a connection: {exc!r}")
             return None
