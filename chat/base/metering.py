@@ -78,8 +78,17 @@ def admission_estimate(
     prompt_tokens = math.ceil(prompt / CHARS_PER_TOKEN)
     config: Mapping[str, Any] = agent.config if agent is not None else {}
     out = output_cap(config)
-    cost = cost_micros(config, model_of(agent), prompt_tokens, out) if agent is not None else None
-    return Estimate(tokens=prompt_tokens + out, cost_micros=cost or 0, api_token_id=api_token_id)
+    price = _price(config, model_of(agent)) if agent is not None else None
+    input_price, output_price = price or (0.0, 0.0)
+    estimate = Estimate(
+        tokens=prompt_tokens + out,
+        api_token_id=api_token_id,
+        output_cap=out,
+        input_price=input_price,
+        output_price=output_price,
+    )
+    estimate.cost_micros = estimate.call_cost(prompt_tokens, out)
+    return estimate
 
 
 def call_usage(

@@ -18,11 +18,12 @@ from sessions_app.models import Run
 Patiently = Callable[..., Awaitable[Any]]
 
 
-async def record_call(patiently: Patiently, run_pk: int, ctx: RunContext, call: CallUsage) -> bool:
+async def record_call(patiently: Patiently, run_pk: int, ctx: RunContext, call: CallUsage, again: bool) -> bool:
     """Record a model call that ended mid-run (`RunContext.record_call`); True when the run must stop
-    before its next step: a budget is spent, or the run's own cap (`max_run_tokens`) is reached. A
-    second try of the write records nothing twice (a step is recorded once)."""
-    spent = await patiently(db_write, runs.record_step, run_pk, call)
+    before its next step: a budget is spent, or cannot take the next call (`again`: the run means
+    to make one), or the run's own cap (`max_run_tokens`) is reached. A second try of the write
+    records nothing twice (a step is recorded once)."""
+    spent = await patiently(db_write, runs.record_step, run_pk, call, again)
     ctx.recorded.append(call)
     cap = metering.max_run_tokens(ctx.agent)
     return bool(spent) or (cap is not None and sum(c.tokens for c in ctx.recorded) >= cap)

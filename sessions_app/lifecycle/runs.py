@@ -176,7 +176,7 @@ def _admit_send(req: SendRequest, *, owner_process: str, actor: str) -> SendOutc
             if queued >= settings.GATEWAY_QUEUE_MAX:
                 return SendOutcome("queue_full", None, session)
             if budgeted:
-                base["budget"] = _reserve(req)
+                base["budget"] = _reserve(req, session)
             # a steer the run cannot take now waits for the run's end, as a follow-up
             if req.queue_mode == STEER and req.steerable and steering.can_take(session, active):
                 steer = steering.queue_steer(session, base, actor=actor)
@@ -186,7 +186,7 @@ def _admit_send(req: SendRequest, *, owner_process: str, actor: str) -> SendOutc
             return _queued(req, run, session, actor)
 
         if budgeted:
-            base["budget"] = _reserve(req)
+            base["budget"] = _reserve(req, session)
         interrupted = False
         if active is not None:
             interrupted = kill(
@@ -209,10 +209,10 @@ def _admit_send(req: SendRequest, *, owner_process: str, actor: str) -> SendOutc
         return _started(req, run, session, actor, interrupted=interrupted)
 
 
-def _reserve(req: SendRequest) -> dict[str, Any] | None:
+def _reserve(req: SendRequest, session: ChatSession) -> dict[str, Any] | None:
     """The run's reservation against every budget that applies (raises `accounting.OverBudget`)."""
     assert req.estimate is not None
-    return accounting.reserve(req.owner_id, req.agent_id, req.estimate)
+    return accounting.reserve(req.owner_id, req.agent_id, req.estimate, session)
 
 
 def _fields(req: SendRequest, session: ChatSession) -> dict[str, Any]:
@@ -443,16 +443,17 @@ def finish_run(
         )
 
 
-def record_step(run_pk: int, call: accounting.CallUsage) -> bool | None:
+def record_step(run_pk: int, call: accounting.CallUsage, then_call: bool = True) -> bool | None:
     """Record a model call that ended mid-run (a step before its tool calls run), in its own
-    transaction; True when a budget of the run is now spent (it must stop before its tools), None
+    transaction; True when a budget of the run is now spent or, `then_call` (the run means to ask
+    its model again after the tools), cannot take that call: it must stop before its tools. None
     when the run has ended."""
     with transaction.atomic():
         found = lock_run(run_pk)
         if found is None or found[1].state not in ACTIVE_STATES:
             return None
         session, run = found
-        return accounting.record_calls(run, session, [call], save_row=save_row)
+        return accounting.record_calls(run, session, [call], save_row=save_row, then_call=then_call)
 
 
 def interrupt_run(run_pk: int, *, message: str, owner_process: str = "", actor: str = Actor.REAPER) -> bool:

@@ -21,7 +21,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import Group
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import F, Q
 from django.db.models.signals import post_delete, post_save
 from django.utils import timezone
@@ -54,11 +54,19 @@ class CallUsage:
 
 @dataclass
 class Estimate:
-    """What admission reserves for one run against every budget that applies."""
+    """What admission reserves for one run against every budget that applies: the send's own part
+    (`tokens`, `cost_micros`); `reserve` adds the session's conversation so far, which the model is
+    sent again. The prices and the output cap also size each further call of the run (`_cover_next`)."""
 
     tokens: int
     cost_micros: int = 0
     api_token_id: int | None = None
+    output_cap: int = 0  # the most one model call may answer, in tokens
+    input_price: float = 0.0  # USD millionths per token (a price per million tokens, in dollars)
+    output_price: float = 0.0
+
+    def call_cost(self, input_tokens: int, output_tokens: int) -> int:
+        return round(input_tokens * self.input_price + output_tokens * self.output_price)
 
 
 class OverBudget(Exception):
@@ -168,10 +176,30 @@ def _default_user_budget(owner_id: int) -> Budget | None:
     )
 
 
-def reserve(owner_id: int, agent_id: str, estimate: Estimate) -> dict[str, Any] | None:
-    """Reserve `estimate` against every budget that applies, each by one conditional UPDATE; the run's
-    `budget` (what it holds), or None when no budget applies. Raises `OverBudget` (the caller's
-    transaction then undoes every reservation taken before)."""
+def context_tokens(session: ChatSession | None) -> int:
+    """What the session's next model call is sent again of its conversation so far: the last
+    recorded call of its current transcript, its input and the reply to it (one indexed read; a
+    reset transcript has none). A session whose active branch was rewound is over-counted (it is
+    sent less); a fork's first run is counted from its own text only."""
+    if session is None or session.pk is None:
+        return 0
+    current = Run.objects.filter(session_id=session.pk, session_generation=session.session_id).values("pk")
+    last = (
+        UsageRecord.objects.filter(session_pk=session.pk, unknown=False, run_pk__in=current)
+        .order_by("-id")
+        .values_list("input_tokens", "output_tokens")
+        .first()
+    )
+    return sum(last) if last else 0
+
+
+def reserve(
+    owner_id: int, agent_id: str, estimate: Estimate, session: ChatSession | None = None
+) -> dict[str, Any] | None:
+    """Reserve `estimate`, with the session's conversation so far (`context_tokens`), against every
+    budget that applies, each by one conditional UPDATE; the run's `budget` (what it holds), or None
+    when no budget applies. Raises `OverBudget` (the caller's transaction then undoes every
+    reservation taken before)."""
     if not budgets_may_apply():
         return None
     if settings.GATEWAY_DEFAULT_USER_BUDGET:
@@ -181,33 +209,45 @@ def reserve(owner_id: int, agent_id: str, estimate: Estimate) -> dict[str, Any] 
     budgets = applicable(owner_id, agent_id, estimate.api_token_id)
     if not budgets:
         return None
+    context = context_tokens(session)
+    tokens, cost = estimate.tokens + context, estimate.cost_micros + estimate.call_cost(context, 0)
     now = timezone.now()
-    for budget in budgets:
-        _roll(budget.pk, budget.period, now)
+    held = [[b.pk, b.period] for b in budgets]
+    refused = _take(held, tokens, cost, now)
+    if refused is not None:
+        budget = next(b for b in budgets if b.pk == refused)
+        raise OverBudget(budget, period_end(budget.period, now))
+    return {
+        "budgets": held,
+        "tokens": tokens,
+        "cost": cost,
+        "apiKey": estimate.api_token_id,
+        "released": False,
+        # what sizes each further call of the run (`_cover_next`)
+        "next": [estimate.output_cap, estimate.input_price, estimate.output_price],
+    }
+
+
+def _take(budgets: list[list[Any]], tokens: int, cost: int, now: datetime) -> int | None:
+    """Add `tokens`/`cost` to each budget's reservation where it still fits under its limits (one
+    conditional UPDATE each, in id order); the id of the first budget it did not fit, or None. The
+    caller's transaction (or savepoint) undoes what was taken before a refusal."""
+    for budget_id, period in budgets:
+        _roll(budget_id, period, now)
         taken = (
-            Budget.objects.filter(pk=budget.pk)
-            .filter(
-                Q(max_tokens__isnull=True)
-                | Q(max_tokens__gte=F("used_tokens") + F("reserved_tokens") + estimate.tokens)
-            )
+            Budget.objects.filter(pk=budget_id)
+            .filter(Q(max_tokens__isnull=True) | Q(max_tokens__gte=F("used_tokens") + F("reserved_tokens") + tokens))
             .filter(
                 Q(max_cost_micros__isnull=True)
-                | Q(max_cost_micros__gte=F("used_cost_micros") + F("reserved_cost_micros") + estimate.cost_micros)
+                | Q(max_cost_micros__gte=F("used_cost_micros") + F("reserved_cost_micros") + cost)
             )
             .update(
-                reserved_tokens=F("reserved_tokens") + estimate.tokens,
-                reserved_cost_micros=F("reserved_cost_micros") + estimate.cost_micros,
+                reserved_tokens=F("reserved_tokens") + tokens, reserved_cost_micros=F("reserved_cost_micros") + cost
             )
         )
         if not taken:
-            raise OverBudget(budget, period_end(budget.period, now))
-    return {
-        "budgets": [[b.pk, b.period] for b in budgets],
-        "tokens": estimate.tokens,
-        "cost": estimate.cost_micros,
-        "apiKey": estimate.api_token_id,
-        "released": False,
-    }
+            return int(budget_id)
+    return None
 
 
 def _lock(name: str) -> None:
@@ -248,10 +288,12 @@ def record_calls(
     *,
     save_row: Callable[..., None],
     row_saved_later: bool = False,
+    then_call: bool = False,
 ) -> bool:
     """Record the calls' usage (a step already recorded is skipped: a retried write counts once), add
     it to the session's totals and settle it against the run's budgets. True when a budget of the
-    run is now spent (the run must not ask its model again).
+    run is now spent, or, `then_call` (the run means to ask its model again), when the run's
+    reservation cannot be made to cover that call (`_cover_next`): the run must not ask again.
 
     The caller holds the session's lock. The totals go into the locked row, saved by `save_row`
     (`core.save_row`: its version moves), or, `row_saved_later`, by the caller's own save of the row
@@ -288,13 +330,15 @@ def record_calls(
     if inserted:
         signals.usage_recorded.send(sender=UsageRecord, agent_id=session.agent_id, calls=inserted)
     if not any(tokens):
-        return _spent(run)  # a second try of a write that committed: what the first found, found again
+        # a second try of a write that committed: what the first found, found again
+        return _spent(run) or (then_call and not _covered(run, calls[-1]))
     session.total_input_tokens += tokens[0]
     session.total_output_tokens += tokens[1]
     session.total_cost_micros += tokens[2]
     if not row_saved_later:
         save_row(session, *TOTAL_FIELDS)
-    return _settle(run, tokens[0] + tokens[1], tokens[2], now)
+    spent = _settle(run, tokens[0] + tokens[1], tokens[2], now)
+    return spent or (then_call and not _cover_next(run, calls[-1], now))
 
 
 def _settle(run: Run, tokens: int, cost: int, now: datetime) -> bool:
@@ -314,6 +358,45 @@ def _settle(run: Run, tokens: int, cost: int, now: datetime) -> bool:
     run.budget = {**held, "tokens": held["tokens"] - take_tokens, "cost": held["cost"] - take_cost}
     Run.objects.filter(pk=run.pk).update(budget=run.budget)
     return _spent(run)
+
+
+def _next_call(run: Run, last: CallUsage) -> tuple[int, int]:
+    """What the run's next model call is estimated to take: the last call's input and its reply sent
+    again, and an answer of the output cap (tool results come on top: the estimate's known gap)."""
+    out, input_price, output_price = (run.budget or {}).get("next") or [0, 0.0, 0.0]
+    sent = last.input_tokens + last.output_tokens
+    return sent + out, round(sent * input_price + out * output_price)
+
+
+def _covered(run: Run, last: CallUsage) -> bool:
+    held = run.budget or {}
+    tokens, cost = _next_call(run, last)
+    return bool(held.get("released")) or (held.get("tokens", 0) >= tokens and held.get("cost", 0) >= cost)
+
+
+def _cover_next(run: Run, last: CallUsage, now: datetime) -> bool:
+    """Top the run's reservation up to its next call's estimate before the call is made, atomically
+    against every budget as admission does: False when a budget cannot take it (the run then
+    stops, as if spent). So concurrent runs overspend only by their calls' estimation error, never
+    by whole calls nobody reserved."""
+    held = run.budget
+    if not held or held.get("released") or _covered(run, last):
+        return True
+    tokens, cost = _next_call(run, last)
+    more_tokens, more_cost = max(0, tokens - held["tokens"]), max(0, cost - held["cost"])
+    try:
+        with transaction.atomic():  # a savepoint: a refusal undoes this top-up only
+            if _take(held["budgets"], more_tokens, more_cost, now) is not None:
+                raise _Refused
+    except _Refused:
+        return False
+    run.budget = {**held, "tokens": held["tokens"] + more_tokens, "cost": held["cost"] + more_cost}
+    Run.objects.filter(pk=run.pk).update(budget=run.budget)
+    return True
+
+
+class _Refused(Exception):
+    """A top-up a budget did not take (rolls its savepoint back)."""
 
 
 def _spent(run: Run) -> bool:

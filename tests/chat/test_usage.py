@@ -258,6 +258,80 @@ async def test_a_run_that_crosses_its_budget_mid_run_ends_before_its_next_tool(t
     assert (await database_sync_to_async(Run.objects.get)(run_id="r1")).state == RunState.DONE
 
 
+async def test_a_send_is_reserved_its_conversation_so_far_not_only_its_own_text(tool_client, fake, alice, settings):
+    settings.GATEWAY_BUDGET_OUTPUT_TOKENS = 10
+    budget = await make_budget(scope=BudgetScope.AGENT, agent_id="llm", max_tokens=400, period="total")
+    fake.push(Reply(chunks=["A long answer."], usage={"prompt_tokens": 150, "completion_tokens": 60}))
+    await send(tool_client, LLM, "r1", "tell me")
+    assert (await tool_client.wait_terminal("r1", timeout=30))["state"] == "final"
+    assert (await fresh(budget)).used_tokens == 210
+    # The next turn sends those 210 again: its own text (2) and the output cap (10) alone would fit
+    # the 190 left, the conversation with them does not. Refused, nothing admitted.
+    answer = await send(tool_client, LLM, "r2", "and then?")
+    assert not answer["ok"] and answer["payload"]["errorKind"] == "budget", answer
+    assert not await database_sync_to_async(Run.objects.filter(run_id="r2").exists)()
+    after = await fresh(budget)
+    assert (after.used_tokens, after.reserved_tokens) == (210, 0)
+    # a new session has no conversation to send: it fits
+    fake.push(Reply(chunks=["ok"], usage={"prompt_tokens": 5, "completion_tokens": 1}))
+    assert (await send(tool_client, "agent:llm:other", "r3", "hi"))["payload"]["status"] == "started"
+    assert (await tool_client.wait_terminal("r3", timeout=30))["state"] == "final"
+    # nor has a reset transcript (the old one is not sent again)
+    await tool_client.ok("sessions.reset", {"key": LLM})
+    fake.push(Reply(chunks=["ok"], usage={"prompt_tokens": 5, "completion_tokens": 1}))
+    assert (await send(tool_client, LLM, "r4", "fresh start"))["payload"]["status"] == "started"
+    assert (await tool_client.wait_terminal("r4", timeout=30))["state"] == "final"
+
+
+async def test_a_run_stops_before_a_next_call_its_budget_cannot_cover(tool_client, fake, alice, settings):
+    settings.GATEWAY_BUDGET_OUTPUT_TOKENS = 10
+    # admission reserves 2 + 10; the first call takes 80 (budget not spent: 80 < 150), and the next
+    # call would send those 80 again with an answer of up to 10: 80 + 90 > 150, so it is not made
+    budget = await make_budget(scope=BudgetScope.AGENT, agent_id="llm", max_tokens=150, period="total")
+    fake.push(
+        tool_reply(calc("1+1"), chunks=["Thinking."], usage={"prompt_tokens": 60, "completion_tokens": 20}),
+        Reply(chunks=["never asked"]),
+    )
+    await send(tool_client, LLM, "r1", "1+1?")
+    final = await tool_client.wait_terminal("r1", timeout=30)
+    assert (final["state"], final["stopReason"]) == ("final", "budget"), final
+    assert len(fake.requests) == 1
+    assert not await database_sync_to_async(ToolCall.objects.exists)()
+    after = await fresh(budget)
+    assert (after.used_tokens, after.reserved_tokens) == (80, 0)
+
+
+async def test_a_run_whose_budget_covers_its_next_call_goes_on_to_make_it(tool_client, fake, alice, settings):
+    settings.GATEWAY_BUDGET_OUTPUT_TOKENS = 10
+    budget = await make_budget(scope=BudgetScope.AGENT, agent_id="llm", max_tokens=1000, period="total")
+    fake.push(
+        tool_reply(calc("1+1"), chunks=["Thinking."], usage={"prompt_tokens": 60, "completion_tokens": 20}),
+        Reply(chunks=["2."], usage={"prompt_tokens": 95, "completion_tokens": 2}),
+    )
+    await send(tool_client, LLM, "r1", "1+1?")
+    final = await tool_client.wait_terminal("r1", timeout=30)
+    assert (final["state"], final.get("stopReason")) == ("final", "stop"), final
+    run = await database_sync_to_async(Run.objects.get)(run_id="r1")
+    assert run.budget["released"] and run.budget["tokens"] == 0
+    after = await fresh(budget)
+    assert (after.used_tokens, after.reserved_tokens) == (80 + 97, 0)
+
+
+async def test_a_last_step_needs_no_room_for_a_call_it_will_not_make(tool_client, fake, alice, settings, llm):
+    # at max_steps the model is not asked again: the budget need not cover another call, so the
+    # step's tool runs and the run ends `tool_limit`, not `budget`
+    settings.GATEWAY_AGENTS = {**settings.GATEWAY_AGENTS, "llm": {**llm, "max_steps": 1}}
+    settings.GATEWAY_BUDGET_OUTPUT_TOKENS = 10
+    budget = await make_budget(scope=BudgetScope.AGENT, agent_id="llm", max_tokens=150, period="total")
+    fake.push(tool_reply(calc("1+1"), chunks=["Thinking."], usage={"prompt_tokens": 60, "completion_tokens": 20}))
+    await send(tool_client, LLM, "r1", "1+1?")
+    final = await tool_client.wait_terminal("r1", timeout=30)
+    assert (final["state"], final["stopReason"]) == ("final", "tool_limit"), final
+    assert await database_sync_to_async(ToolCall.objects.filter(state="succeeded").count)() == 1
+    after = await fresh(budget)
+    assert (after.used_tokens, after.reserved_tokens) == (80, 0)
+
+
 async def test_max_run_tokens_caps_one_run(tool_client, fake, settings, llm):
     settings.GATEWAY_AGENTS = {**settings.GATEWAY_AGENTS, "llm": {**llm, "max_run_tokens": 50}}
     fake.push(tool_reply(calc("1+1"), usage={"prompt_tokens": 40, "completion_tokens": 20}), Reply(chunks=["no"]))

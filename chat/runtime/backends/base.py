@@ -59,11 +59,12 @@ class RunContext:
     usage: dict[str, int] | None = None
     cancel_ms: int | None = None  # how long releasing its work took, when it timed out
     # Each model call's usage (docs/usage.md): a backend that makes several calls reports each one
-    # that ends before its tool calls run to `record_call` (True: a budget is spent, the run must
-    # stop there, stopReason `budget`), and leaves its last in `calls`, recorded with the run's end.
+    # that ends before its tool calls run to `record_call`, saying whether it means to ask its model
+    # again after them (True back: a budget is spent or cannot take that call, the run must stop
+    # there, stopReason `budget`), and leaves its last in `calls`, recorded with the run's end.
     # A backend that reports neither is counted from `usage`, else estimated from its text.
     calls: list[CallUsage] = field(default_factory=list)
-    record_call: Callable[[CallUsage], Awaitable[bool]] | None = None
+    record_call: Callable[[CallUsage, bool], Awaitable[bool]] | None = None
     recorded: list[CallUsage] = field(default_factory=list)  # the calls `record_call` recorded
     tools: ToolHost | None = None  # the run's tools (TOOLS.md §13); None when the agent's settings are bad
     # what an HTTP request adds (HTTP-API.md §14.3-14.5; empty for a chat.send), and the calls handed to

@@ -227,10 +227,15 @@ class ModelRun:
         if not handed and (not own or self.tools is None):
             self.ctx.calls.append(used)  # the run's last call: recorded with its end
             return False
+        # whether the model is asked again after these tools (known now: the client's calls end the
+        # run, so does the step limit); only then must a budget cover one more call
+        tools = self.tools
+        again = not handed and tools is not None and self.step < tools.config.max_steps and not tools.limit_reached
         if self.ctx.record_call is None:
             self.ctx.calls.append(used)
-        elif await self.ctx.record_call(used):
-            # a budget is spent (or the run's own cap reached): no tool starts, the model is not asked again
+        elif await self.ctx.record_call(used, again):
+            # a budget is spent or cannot take the next call (or the run's own cap is reached): no
+            # tool starts, the model is not asked again
             self.ctx.stop_reason = "budget"
             return False
         await self._close_response()  # read to its end: the connection goes back to the pool
