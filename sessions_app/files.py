@@ -46,6 +46,9 @@ def store(*, owner_id: int, data: bytes, mime_type: str, name: str, sha256: str,
     when there is one, else new bytes in storage and a new row."""
     found = StoredFile.objects.filter(owner_id=owner_id, sha256=sha256, mime_type=mime_type).first()
     if found is not None and storage().exists(found.storage_name):
+        # uploaded again: as young as this upload, or the orphan sweep could take it before it is sent
+        found.created_at = timezone.now()
+        StoredFile.objects.filter(pk=found.pk).update(created_at=found.created_at)
         return found
     file_id = new_file_id()
     stored_name = storage().save(f"{FOLDER}/{file_id[5:7]}/{file_id}", ContentFile(data))
@@ -102,6 +105,22 @@ def attachments_of(run_pks: Iterable[int]) -> dict[int, list[dict[str, Any]]]:
     """The attachments of those of these runs that have any, by run pk (a transcript's earlier turns)."""
     rows = Run.objects.filter(pk__in=list(run_pks)).exclude(attachments=[]).values_list("pk", "attachments")
     return {pk: list(items) for pk, items in rows if items}
+
+
+def listed(run_pks: Iterable[int]) -> dict[int, list[dict[str, Any]]]:
+    """The files these runs were sent with, by run pk, as a transcript lists them (id, type, name,
+    size; never their text or bytes): one query."""
+    found: dict[int, list[dict[str, Any]]] = {}
+    rows = (
+        RunFile.objects.filter(run_id__in=list(run_pks))
+        .order_by("run_id", "position")
+        .values_list("run_id", "file__file_id", "file__mime_type", "file__name", "file__size")
+    )
+    for run_pk, file_id, mime_type, name, size in rows:
+        found.setdefault(run_pk, []).append(
+            {"fileId": file_id, "mimeType": mime_type, "fileName": name or None, "size": size}
+        )
+    return found
 
 
 def stored_totals() -> tuple[int, int]:
@@ -186,6 +205,17 @@ def _walk(store: Storage, folder: str) -> Iterator[str]:
         yield from _walk(store, f"{folder}/{sub}")
 
 
+def _stray(store: Storage, name: str, cutoff: datetime) -> bool:
+    """Bytes no row names, and old: an upload saves its bytes before its row, so young bytes without
+    a row may be an upload in flight (kept), and a row made since the names were read counts."""
+    try:
+        if store.get_modified_time(name) >= cutoff:
+            return False
+    except (NotImplementedError, OSError):
+        pass  # a storage that cannot tell: the row check below still guards an upload that finished
+    return not StoredFile.objects.filter(storage_name=name).exists()
+
+
 def orphans(
     *,
     dry_run: bool = False,
@@ -211,7 +241,7 @@ def orphans(
     known = set(StoredFile.objects.values_list("storage_name", flat=True))
     step = progress("stored bytes", len(names)) if progress is not None else None
     for name in names:
-        if name not in known:
+        if name not in known and _stray(store, name, cutoff):
             report.stray_bytes.append(name)
             if not dry_run:
                 _remove_bytes(name)

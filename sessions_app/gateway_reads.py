@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db.models import F, Q, QuerySet
+from django.db.models import Exists, F, OuterRef, Q, QuerySet
 
-from sessions_app import branches, statements
+from sessions_app import branches, files, statements
 from sessions_app.models import (
     ACTIVE_STATES,
     OPEN_STATES,
@@ -25,6 +25,7 @@ from sessions_app.models import (
     CommandReceipt,
     Message,
     Run,
+    RunFile,
     RunState,
     RunSurface,
     SessionKind,
@@ -137,6 +138,7 @@ class Transcript:
     tools: dict[int, list[ToolCall]] = field(default_factory=dict)  # run pk -> its tool calls, in order
     first_seq: int = 1  # the first message's position in its branch (OpenClaw's `seq`), from 1
     siblings: dict[int, branches.Siblings] = field(default_factory=dict)  # of the messages that have some
+    files: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # run pk -> the files it was sent with
 
 
 def transcript(session: ChatSession, *, limit: int = 200, before_id: int | None = None) -> Transcript:
@@ -156,7 +158,11 @@ def transcript(session: ChatSession, *, limit: int = 200, before_id: int | None 
         "completion_tokens",
         "tool_calls",
     )
-    runs = {r.pk: r for r in Run.objects.filter(pk__in=run_pks).only(*fields)}
+    # whether a run was sent with files rides with this read: a transcript without any pays no statement
+    with_files = Exists(RunFile.objects.filter(run_id=OuterRef("pk")))
+    annotated = Run.objects.filter(pk__in=run_pks).only(*fields).annotate(has_files=with_files)
+    runs: dict[int, Run] = {r.pk: r for r in annotated}
+    sent_files = [r.pk for r in annotated if r.has_files]
     open_runs = list(Run.objects.filter(session=session, state__in=OPEN_STATES).order_by("queue_seq", "id"))
     active = next((r for r in open_runs if r.state in ACTIVE_STATES), None)
     with_tools = {pk for pk, r in runs.items() if r.tool_calls}
@@ -176,6 +182,7 @@ def transcript(session: ChatSession, *, limit: int = 200, before_id: int | None 
         active=active,
         queued=[r for r in open_runs if r.state == RunState.QUEUED],
         tools=tool_calls_of(with_tools),
+        files=files.listed(sent_files) if sent_files else {},
     )
 
 
@@ -312,11 +319,12 @@ def context_messages(run: Run, *, limit: int) -> list[Message]:
 
 
 def reply_of(run_pk: int) -> int | None:
-    """The reply message a run added to its session's current transcript (None: none, or not current)."""
+    """The reply message a run added to its session's current transcript (None: none, or not current):
+    its last part, for a steered run's reply comes in parts around the steering messages."""
     replies = Message.objects.filter(
         run_id=run_pk, role="assistant", session_id=F("run__session_id"), session_generation=F("session__session_id")
     )
-    return replies.order_by("id").values_list("pk", flat=True).first()
+    return replies.order_by("-id").values_list("pk", flat=True).first()
 
 
 def prompt_of(run: Run) -> int | None:

@@ -70,12 +70,20 @@ def parse_chat_startup(params: dict[str, Any]) -> StartupParams:
 
 
 def message_items(
-    msg: Message, runs: dict[int, Run], tools: dict[int, list[ToolCall]], seq: int | None = None
+    msg: Message,
+    runs: dict[int, Run],
+    tools: dict[int, list[ToolCall]],
+    seq: int | None = None,
+    files: dict[int, list[dict[str, Any]]] | None = None,
 ) -> list[dict[str, Any]]:
     """A transcript message; an assistant reply with tool calls also gets its `toolResult` messages (§13.4)."""
     calls = tools.get(msg.run_id, []) if msg.run_id is not None and msg.role == "assistant" else []
     calls = gateway_reads.calls_of_part(msg, calls) if calls else calls
     item = message_item(msg, runs, calls, seq)
+    if msg.role == "user" and files and msg.run_id in files and not msg.command_key:
+        # Not in the spec: the files the prompt was sent with (docs/files.md), so a reloaded page
+        # shows them; their bytes are `GET /api/files/<fileId>`, for their owner.
+        item["attachments"] = files[msg.run_id]
     return [item, *(tool_result_message(c, item) for c in calls)]
 
 
@@ -167,7 +175,7 @@ def history(session: ChatSession, transcript: gateway_reads.Transcript) -> dict[
         "messages": [
             item
             for i, m in enumerate(transcript.messages)
-            for item in message_items(m, transcript.runs, transcript.tools, transcript.first_seq + i)
+            for item in message_items(m, transcript.runs, transcript.tools, transcript.first_seq + i, transcript.files)
         ],
         "hasMore": transcript.has_more,
         "session": session_row(session, [r.run_id for r in transcript.queued]),

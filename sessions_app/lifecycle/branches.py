@@ -151,6 +151,10 @@ def fork(*, owner_id: int, key: str, entry_id: int | None, new_key: str | None =
                 run_id=m.run_id,
                 aborted=m.aborted,
                 command_key=m.command_key,
+                # a steered run's parts keep which of its reply and steps each carries
+                reply_start=m.reply_start,
+                first_step=m.first_step,
+                last_step=m.last_step,
             )
             for m in prefix
         ]

@@ -83,7 +83,8 @@ function pushCards(out, runId, firstIds = []) {
 function pushUserMessage(out, m) {
   const { row } = out;
   const branch = { entryId: m.id, siblings: m.siblings || null }; // (docs/branches.md)
-  out.items.push({ id: m.runId ? `u:${m.runId}` : `m:${m.id}`, role: "user", runId: m.runId || null, text: textOf(m) || "", state: "final", ...branch });
+  const attachments = Array.isArray(m.attachments) ? m.attachments.filter((a) => a && typeof a.fileId === "string") : [];
+  out.items.push({ id: m.runId ? `u:${m.runId}` : `m:${m.id}`, role: "user", runId: m.runId || null, text: textOf(m) || "", state: "final", attachments, ...branch });
   if (!m.runId || out.replies.has(m.runId)) return;
   const run = runOf(out.state, out.key, m.runId);
   pushCards(out, m.runId);

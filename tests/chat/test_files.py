@@ -216,6 +216,25 @@ async def test_chat_send_names_an_uploaded_file_and_another_users_is_refused(mak
     )
 
 
+async def test_history_lists_the_files_a_prompt_was_sent_with(alice, client):
+    doc = (await made.upload(alice[1], made.pdf("Quarterly numbers"), "q.pdf")).json()
+    image = (await made.upload(alice[1], made.png(4, 4), "dot.png")).json()
+    files = [{"fileId": doc["id"]}, {"fileId": image["id"]}]
+    await client.ok("chat.send", send_params("agent:main:main", "[[tick:0]] read", "r-files", attachments=files))
+    await client.wait_terminal("r-files")
+    await client.ok("chat.send", send_params("agent:main:main", "[[tick:0]] and no file", "r-plain"))
+    await client.wait_terminal("r-plain")
+
+    history = await client.ok("chat.history", {"sessionKey": "agent:main:main"})
+    prompts = {m["runId"]: m for m in history["messages"] if m["role"] == "user"}
+    assert prompts["r-files"]["attachments"] == [
+        {"fileId": doc["id"], "mimeType": "application/pdf", "fileName": "q.pdf", "size": doc["size"]},
+        {"fileId": image["id"], "mimeType": "image/png", "fileName": "dot.png", "size": image["size"]},
+    ]  # named, never their text or bytes
+    assert "attachments" not in prompts["r-plain"]
+    assert all("attachments" not in m for m in history["messages"] if m["role"] != "user")
+
+
 async def test_an_inline_image_is_stored_too(alice, client):
     data = made.png(10, 10)
     ack = await client.ok(

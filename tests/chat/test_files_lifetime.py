@@ -5,6 +5,7 @@ counts the stored bytes."""
 from __future__ import annotations
 
 import io
+import os
 from datetime import timedelta
 from typing import Any
 
@@ -106,6 +107,10 @@ async def test_the_orphan_sweep_removes_unused_old_uploads_and_stray_bytes(alice
     for file_id in (old, used):
         await database_sync_to_async(_age)(file_id, 48)
     stray = await database_sync_to_async(storages["attachments"].save)("files/zz/stray-object", ContentFile(b"x"))
+    long_ago = (timezone.now() - timedelta(hours=48)).timestamp()
+    os.utime(storages["attachments"].path(stray), (long_ago, long_ago))
+    # bytes saved just now without a row yet: an upload in flight (its row comes after its bytes)
+    in_flight = await database_sync_to_async(storages["attachments"].save)("files/zz/in-flight", ContentFile(b"y"))
 
     def sweep(*args: str) -> str:
         out = io.StringIO()
@@ -114,7 +119,8 @@ async def test_the_orphan_sweep_removes_unused_old_uploads_and_stray_bytes(alice
 
     dry = await database_sync_to_async(sweep)("--dry-run")
     assert "Would remove 1 unused file(s) and 1 stray stored object(s)." in dry and old in dry and stray in dry
-    assert "checking 1 unused files" in dry and "checking 4 stored bytes" in dry  # its progress (3 files, 1 stray)
+    # its progress (3 files, 2 without a row)
+    assert "checking 1 unused files" in dry and "checking 5 stored bytes" in dry and in_flight not in dry
     assert await state(old) == (True, True)
 
     done = await database_sync_to_async(sweep)()
@@ -122,6 +128,24 @@ async def test_the_orphan_sweep_removes_unused_old_uploads_and_stray_bytes(alice
     assert await state(old) == (False, False)
     assert await state(fresh) == (True, True) and await state(used) == (True, True)
     assert not await database_sync_to_async(storages["attachments"].exists)(stray)
+    assert await database_sync_to_async(storages["attachments"].exists)(in_flight)
+
+
+async def test_an_old_upload_uploaded_again_is_young_again(alice, settings, tmp_path):
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "attachments": {
+            "BACKEND": "django.core.files.storage.FileSystemStorage",
+            "OPTIONS": {"location": str(tmp_path)},
+        },
+    }
+    first = (await made.upload(alice[1], b"the same bytes", "a.txt")).json()["id"]
+    await database_sync_to_async(_age)(first, 48)
+    again = (await made.upload(alice[1], b"the same bytes", "a.txt")).json()["id"]
+    assert again == first  # one file per owner and content
+    out = io.StringIO()
+    await database_sync_to_async(call_command)("clean_files", stdout=out)
+    assert await state(first) == (True, True), out.getvalue()  # about to be sent: not an orphan
 
 
 async def test_the_admin_shows_a_runs_attachments_and_metrics_count_stored_bytes(make_user, alice, client):

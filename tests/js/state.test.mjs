@@ -520,6 +520,14 @@ describe("history and resync (§6, §9)", () => {
     assert.equal(byRole(s, "assistant")[0].state, "aborted");
   });
 
+  test("a history prompt keeps the files it was sent with (a reload shows their chips)", () => {
+    const file = { fileId: "file-1", mimeType: "image/png", fileName: "dot.png", size: 68 };
+    const s = history(online(), { messages: [msg(1, "user", "look", "r1", { attachments: [file, { junk: true }] }), msg(2, "assistant", "echo: look", "r1"), msg(3, "user", "plain", "r3")] });
+    const [withFile, plain] = byRole(s, "user");
+    assert.deepEqual(withFile.attachments, [file]);
+    assert.deepEqual(plain.attachments, []);
+  });
+
   test("older pages are prepended and kept over a refresh", () => {
     let s = history(online(), { messages: [msg(10, "user", "ten", "r10"), msg(11, "assistant", "echo: ten", "r10")], hasMore: true });
     s = reduce(s, { type: "history/loaded", key: KEY, token: 0, older: true, payload: { sessionId: GEN, messages: [msg(8, "user", "eight", "r8"), msg(9, "assistant", "echo: eight", "r8")], hasMore: false } });

@@ -10,7 +10,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from sessions_app import gateway_reads, statements
-from sessions_app.lifecycle import runs, sessions
+from sessions_app.lifecycle import branches, runs, sessions
 from sessions_app.models import ChatSession, Message, RunState
 
 pytestmark = pytest.mark.django_db
@@ -92,3 +92,50 @@ def test_open_run_counts(request_for: Callable[..., Any]) -> None:
     runs.admit_send(request_for("r2"), owner_process="")
     assert gateway_reads.open_run_counts() == (1, 1)
     assert gateway_reads.get_run(999) is None
+
+
+def steered_transcript(session: ChatSession, run: Any) -> list[Message]:
+    """A steered run's reply in two parts around the steering message (as the lifecycle writes it)."""
+    made = []
+    parent = session.active_leaf_id
+    for role, text, start, first, last in (
+        ("assistant", "Part one.", 0, 1, 1),
+        ("user", "steer here", 0, 1, 0),
+        ("assistant", "Part two.", 9, 2, 0),
+    ):
+        parent = Message.objects.create(
+            session=session,
+            session_generation=session.session_id,
+            role=role,
+            text=text,
+            run=run if role == "assistant" else None,
+            parent_id=parent,
+            reply_start=start,
+            first_step=first,
+            last_step=last,
+        ).pk
+        made.append(Message.objects.get(pk=parent))
+    ChatSession.objects.filter(pk=session.pk).update(active_leaf_id=parent)
+    return made
+
+
+def test_a_steered_runs_reply_is_its_last_part(request_for: Callable[..., Any]) -> None:
+    outcome = runs.admit_send(request_for("r1"), owner_process="")
+    assert outcome.run is not None
+    parts = steered_transcript(outcome.session, outcome.run)
+    # a continuation of the run (`previous_response_id`) follows its whole reply, steer included
+    assert gateway_reads.reply_of(outcome.run.pk) == parts[-1].pk
+
+
+def test_a_fork_keeps_which_part_of_a_steered_reply_each_copy_is(owner: Any, request_for: Callable[..., Any]) -> None:
+    outcome = runs.admit_send(request_for("r1"), owner_process="")
+    assert outcome.run is not None
+    steered_transcript(outcome.session, outcome.run)
+    assert runs.finish_run(outcome.run.pk, RunState.DONE, owner_process="", streamed=True)
+    cut = branches.fork(owner_id=owner.pk, key=outcome.session.key, entry_id=None)
+    copies = list(Message.objects.filter(session=cut.session, role="assistant").order_by("id"))
+    # (the run's end adds a last part of its own, after these)
+    assert [(m.text, m.reply_start, m.first_step, m.last_step) for m in copies[:2]] == [
+        ("Part one.", 0, 1, 1),
+        ("Part two.", 9, 2, 0),
+    ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from chat.base.db import db_read
@@ -66,7 +67,12 @@ def _steered_reply(conn: Conn, admitted: SendOutcome) -> Reply:
 
 
 async def _send(conn: Conn, params: dict[str, Any], *, steer: bool) -> Reply:
-    send = send_params.parse_chat_send(params)
+    if params.get("attachments"):
+        # inline files are decoded and read here (a PDF's text, an image's header): off the event
+        # loop, which every connection of the process shares
+        send = await asyncio.to_thread(send_params.parse_chat_send, params)
+    else:
+        send = send_params.parse_chat_send(params)
     if steer:
         send.queue_mode, send.steer = "steer", True
     if send.command is not None:

@@ -53,6 +53,14 @@ def test_attach_by_button_preview_send_and_see_it_in_the_transcript(
     thumb = user_messages(page).last.get_by_test_id("attachment-thumb")
     expect(thumb).to_be_visible()
     page.wait_for_function("img => img.complete && img.naturalWidth === 40", arg=thumb.element_handle())
+    # after a reload the message comes from history, with its file
+    page.reload()
+    expect(replies(page).last).to_have_text("echo: what is this? (+1 attachment)", timeout=15_000)
+    kept = user_messages(page).last
+    expect(kept.get_by_test_id("attachment-chip")).to_contain_text(re.compile(r"chart\.png · \d+ B"))
+    thumb = kept.get_by_test_id("attachment-thumb")
+    expect(thumb).to_be_visible()
+    page.wait_for_function("img => img.complete && img.naturalWidth === 40", arg=thumb.element_handle())
 
 
 def test_paste_and_drop_attach_files_and_an_image_alone_can_be_sent(
