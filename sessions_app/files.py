@@ -41,9 +41,22 @@ def new_file_id() -> str:
     return "file-" + secrets.token_hex(16)
 
 
-def store(*, owner_id: int, data: bytes, mime_type: str, name: str, sha256: str, text: str | None) -> StoredFile:
+# a file stored for a request, as it was stored (`store`'s `stored_now`; `forget_unsent`)
+StoredNow = tuple[int, datetime]
+
+
+def store(
+    *,
+    owner_id: int,
+    data: bytes,
+    mime_type: str,
+    name: str,
+    sha256: str,
+    text: str | None,
+    stored_now: list[StoredNow] | None = None,
+) -> StoredFile:
     """Keep `data` (already inspected) for `owner_id`: the owner's file with the same bytes and type
-    when there is one, else new bytes in storage and a new row."""
+    when there is one, else new bytes in storage and a new row (added to `stored_now`)."""
     found = StoredFile.objects.filter(owner_id=owner_id, sha256=sha256, mime_type=mime_type).first()
     if found is not None and storage().exists(found.storage_name):
         # uploaded again: as young as this upload, or the orphan sweep could take it before it is sent
@@ -53,7 +66,7 @@ def store(*, owner_id: int, data: bytes, mime_type: str, name: str, sha256: str,
     file_id = new_file_id()
     stored_name = storage().save(f"{FOLDER}/{file_id[5:7]}/{file_id}", ContentFile(data))
     try:
-        return StoredFile.objects.create(
+        made = StoredFile.objects.create(
             file_id=file_id,
             owner_id=owner_id,
             sha256=sha256,
@@ -66,6 +79,17 @@ def store(*, owner_id: int, data: bytes, mime_type: str, name: str, sha256: str,
     except Exception:
         storage().delete(stored_name)  # no row, no bytes
         raise
+    if stored_now is not None:
+        stored_now.append((made.pk, made.created_at))
+    return made
+
+
+def forget_unsent(stored_now: Iterable[StoredNow]) -> int:
+    """The files a request stored inline, gone again (rows and bytes) unless a run uses them: a
+    refused send leaves nothing behind. A file uploaded again since (its `created_at` moved) stays."""
+    return _delete(
+        [f for pk, at in stored_now for f in StoredFile.objects.filter(pk=pk, created_at=at, uses__isnull=True)]
+    )
 
 
 def find(file_id: str) -> StoredFile | None:

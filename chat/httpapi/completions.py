@@ -19,7 +19,14 @@ from chat.httpapi import runs
 from chat.httpapi.client_tools import check_clash
 from chat.httpapi.completion_answers import Identity
 from chat.httpapi.completion_request import parse_completion
-from chat.httpapi.conversation import Conversation, read_messages, resolve_files, run_request, unknown_call
+from chat.httpapi.conversation import (
+    Conversation,
+    read_messages,
+    resolve_files,
+    run_request,
+    unknown_call,
+    unsent_files_forgotten,
+)
 from chat.httpapi.errors import ApiError
 from chat.httpapi.follow import Ended, Follower, Status, Text
 from chat.httpapi.http import Answer, EventStream, JsonAnswer, Request, SseEvent
@@ -40,13 +47,14 @@ async def create_completion(req: Request) -> Answer:
     key = runs.idempotency_key(req)
     where = runs.target(req, agent_id, key=key)
     convo = read_messages(asked.messages, named=where.named, agent_id=agent_id)
-    await resolve_files(convo, req.user.user_id, agent_id)
-    await check_clash(agent_id, asked.tools)
-    if where.named and convo.tool_results:
-        await _check_results(req, where, convo)
-    request = run_request(asked, convo, model, stateless=not where.named)
-    send = runs.HttpSend(agent_id, convo.message, request, body, convo.attachments)
-    admitted = await runs.start(req, send, where, key)
+    async with unsent_files_forgotten(convo):
+        await resolve_files(convo, req.user.user_id, agent_id)
+        await check_clash(agent_id, asked.tools)
+        if where.named and convo.tool_results:
+            await _check_results(req, where, convo)
+        request = run_request(asked, convo, model, stateless=not where.named)
+        send = runs.HttpSend(agent_id, convo.message, request, body, convo.attachments)
+        admitted = await runs.start(req, send, where, key)
     who = Identity.of(admitted.run, asked.model)
     follower = runs.follower(req, admitted)
     if asked.stream:

@@ -16,7 +16,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -29,6 +31,7 @@ from chat.protocol.errors import ProtocolError
 from chat.protocol.fields import CONTROL_RE
 from chat.runtime.backends import get_backend
 from chat.runtime.backends.base import attachment_kind, inlined_file
+from sessions_app import files
 from sessions_app.run_requests import ClientTool, RunRequest, ToolResult
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -48,6 +51,7 @@ class Conversation:
     tool_results: list[ToolResult] = field(default_factory=list)
     result_params: dict[str, str] = field(default_factory=dict)  # tool_call_id -> the field that carried it
     parts: list[tuple[str, str]] = field(default_factory=list)  # each image and file read: (its kind, its field)
+    stored_now: list[files.StoredNow] = field(default_factory=list)  # inline files `resolve_files` stored
 
 
 def _text_of(content: Any, where: str) -> str:
@@ -175,12 +179,22 @@ def check_taken(convo: Conversation, agent_id: str) -> None:
             raise bad_request(refused, param, "unsupported_content")
 
 
+@contextlib.asynccontextmanager
+async def unsent_files_forgotten(convo: Conversation) -> AsyncIterator[None]:
+    """Around a request's checks and admission: the inline files it stored (`resolve_files`) go again
+    unless its run was admitted with them, so a refused request leaves nothing behind."""
+    try:
+        yield
+    finally:
+        await attach.forget_unsent(convo.stored_now)
+
+
 async def resolve_files(convo: Conversation, owner_id: int, agent_id: str) -> None:
     """The new message's files named by id, resolved for their owner (another's is a 400 naming the
     part), inline images stored: as `chat.send` does; then what they are is checked as `check_taken` does."""
     waiting = [i for i, item in enumerate(convo.attachments) if "sha256" not in item]
     try:
-        convo.attachments = await attach.prepare(owner_id, convo.attachments)
+        convo.attachments = await attach.prepare(owner_id, convo.attachments, convo.stored_now)
     except ProtocolError as exc:
         raise bad_request(exc.message, str(exc.details.get("field") or "messages"), "file_not_found") from exc
     kinds = iter([attachment_kind(convo.attachments[i]) for i in waiting])

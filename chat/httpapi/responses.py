@@ -17,7 +17,14 @@ from chat.base.db import db_read, db_write
 from chat.httpapi import runs
 from chat.httpapi.auth import require
 from chat.httpapi.client_tools import check_clash
-from chat.httpapi.conversation import Conversation, read_messages, resolve_files, run_request, unknown_call
+from chat.httpapi.conversation import (
+    Conversation,
+    read_messages,
+    resolve_files,
+    run_request,
+    unknown_call,
+    unsent_files_forgotten,
+)
 from chat.httpapi.errors import ApiError, bad_request, from_protocol
 from chat.httpapi.follow import Follower
 from chat.httpapi.http import Answer, JsonAnswer, Request
@@ -78,6 +85,35 @@ async def create_response(req: Request) -> Answer:
     where = _target(req, ask, agent_id, key, previous)
     try:
         convo = read_messages(ask.messages, named=where.named, agent_id=agent_id)
+    except ApiError as error:
+        raise renamed(error, ask.sources) from None
+    async with unsent_files_forgotten(convo):
+        admitted = await _admit(req, ask, agent_id, model, key, where, previous, convo, body)
+    record = await db_read(response_reads.of_run, admitted.run.pk)
+    if record is None:  # a retry under the key of a response forgotten since
+        raise ApiError(404, "the response of this Idempotency-Key was deleted", code="response_not_found")
+    headers = admitted.headers
+    if ask.background and not ask.stream:
+        return JsonAnswer(timeline(record).response, headers=headers)
+    follower = runs.follower(req, admitted)
+    if ask.stream:
+        return streamed(record, follower, headers)
+    return JsonAnswer((await settled(record, follower)).response, headers=headers)
+
+
+async def _admit(
+    req: Request,
+    ask: ResponsesAsk,
+    agent_id: str,
+    model: str,
+    key: str | None,
+    where: runs.Target,
+    previous: ResponseRecord | None,
+    convo: Conversation,
+    body: dict[str, Any],
+) -> runs.Admitted:
+    """The request's files resolved and its tools and results checked, then its run admitted."""
+    try:
         await resolve_files(convo, req.user.user_id, agent_id)
     except ApiError as error:
         raise renamed(error, ask.sources) from None
@@ -109,17 +145,7 @@ async def create_response(req: Request) -> Answer:
         follows=await db_read(gateway_reads.reply_of, previous.run.pk) if previous is not None else None,
     )
     # a background response's run goes on whatever its client does (no disconnect rules)
-    admitted = await runs.start(req, send, where, key, watch=not ask.background)
-    record = await db_read(response_reads.of_run, admitted.run.pk)
-    if record is None:  # a retry under the key of a response forgotten since
-        raise ApiError(404, "the response of this Idempotency-Key was deleted", code="response_not_found")
-    headers = admitted.headers
-    if ask.background and not ask.stream:
-        return JsonAnswer(timeline(record).response, headers=headers)
-    follower = runs.follower(req, admitted)
-    if ask.stream:
-        return streamed(record, follower, headers)
-    return JsonAnswer((await settled(record, follower)).response, headers=headers)
+    return await runs.start(req, send, where, key, watch=not ask.background)
 
 
 def _target(

@@ -12,7 +12,8 @@ from django.core.files.storage import storages
 from django.test import AsyncClient
 
 from chat.files.content import NO_TEXT_LAYER
-from sessions_app.models import Run, RunFile, StoredFile
+from sessions_app.lifecycle.usage import forget_budget_check
+from sessions_app.models import Budget, BudgetScope, Run, RunFile, StoredFile
 from tests.support import files as made
 from tests.support.communicator import open_client
 from tests.support.db import send_params
@@ -253,6 +254,23 @@ async def test_an_inline_image_is_stored_too(alice, client):
     row = await stored(used[0])
     assert row is not None and row.owner_id == alice[0].pk and row.sha256 == hashlib.sha256(data).hexdigest()
     assert storages["attachments"].open(row.storage_name).read() == data
+
+
+async def test_a_refused_send_keeps_none_of_its_inline_files(alice, client, settings, tmp_path):
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "attachments": {
+            "BACKEND": "django.core.files.storage.FileSystemStorage",
+            "OPTIONS": {"location": str(tmp_path)},
+        },
+    }
+    await database_sync_to_async(Budget.objects.create)(scope=BudgetScope.USER, user=alice[0], max_tokens=1)
+    forget_budget_check()
+    inline = [{"mimeType": "image/png", "fileName": "dot.png", "content": base64.b64encode(made.png(12, 12)).decode()}]
+    res = await client.call("chat.send", send_params("agent:main:main", "look", "r-refused", attachments=inline))
+    assert not res["ok"] and res["payload"]["errorKind"] == "budget"
+    assert not await database_sync_to_async(StoredFile.objects.exists)()  # no row
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []  # and no bytes
 
 
 async def test_hello_ok_announces_the_attachment_limits(alice, settings):

@@ -16,7 +16,7 @@ from chat.protocol.errors import ProtocolError
 from chat.runtime.backends import get_backend
 from chat.runtime.gateway import runtime
 from chat.runtime.tools.host import setup_error as tool_setup_error
-from sessions_app import gateway_reads
+from sessions_app import files, gateway_reads
 from sessions_app.lifecycle import runs
 from sessions_app.lifecycle.runs import SendOutcome, SendRequest
 from sessions_app.models import ChatSession
@@ -65,12 +65,16 @@ async def admit(owner_id: int, send: send_params.ChatSendParams) -> SendOutcome:
     if not runtime.accepting:
         raise ProtocolError("UNAVAILABLE", "server is shutting down", retryable=True, retry_after_ms=1000)
     # stored files named by id resolved for this owner, inline images' bytes stored (chat.files.attach)
-    send.attachments = await attach.prepare(owner_id, send.attachments)
-    # A key seen before is answered from what is stored, without a write (§4).
-    known = await db_read(_known_send, owner_id, send)
-    if isinstance(known, SendOutcome):
-        return known
-    return await _admit(owner_id, send, known)
+    stored_now: list[files.StoredNow] = []
+    send.attachments = await attach.prepare(owner_id, send.attachments, stored_now)
+    try:
+        # A key seen before is answered from what is stored, without a write (§4).
+        known = await db_read(_known_send, owner_id, send)
+        if isinstance(known, SendOutcome):
+            return known
+        return await _admit(owner_id, send, known)
+    finally:
+        await attach.forget_unsent(stored_now)  # a send not admitted keeps none of them
 
 
 def _known_send(owner_id: int, send: send_params.ChatSendParams) -> SendOutcome | ChatSession | None:

@@ -11,18 +11,30 @@ from chat.protocol.errors import invalid
 from sessions_app import files
 
 
-async def prepare(owner_id: int, attachments: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The attachments as a run keeps them (JSON only); raise INVALID_REQUEST for a file not found."""
+async def prepare(
+    owner_id: int, attachments: list[dict[str, Any]], stored_now: list[files.StoredNow] | None = None
+) -> list[dict[str, Any]]:
+    """The attachments as a run keeps them (JSON only); raise INVALID_REQUEST for a file not found.
+    Files stored now (inline ones not stored before) are added to `stored_now`: the caller forgets
+    them if the send is not admitted (`files.forget_unsent`)."""
     if not attachments:
         return attachments
     if any(INLINE_BYTES in a for a in attachments):
-        return await db_write(_prepared, owner_id, attachments)
+        return await db_write(_prepared, owner_id, attachments, stored_now)
     if any("fileId" in a for a in attachments):
         return await db_read(_prepared, owner_id, attachments)
     return attachments
 
 
-def _prepared(owner_id: int, attachments: list[dict[str, Any]]) -> list[dict[str, Any]]:
+async def forget_unsent(stored_now: list[files.StoredNow]) -> None:
+    """What `prepare` stored for a request, gone again unless its run was admitted with it."""
+    if stored_now:
+        await db_write(files.forget_unsent, stored_now)
+
+
+def _prepared(
+    owner_id: int, attachments: list[dict[str, Any]], stored_now: list[files.StoredNow] | None = None
+) -> list[dict[str, Any]]:
     named = files.owned(owner_id, [a["fileId"] for a in attachments if "fileId" in a and "sha256" not in a])
     out = []
     for item in attachments:
@@ -53,6 +65,7 @@ def _prepared(owner_id: int, attachments: list[dict[str, Any]]) -> list[dict[str
                 name=item.get("fileName") or "",
                 sha256=item["sha256"],
                 text=None,
+                stored_now=stored_now,
             )
             out.append({**kept, "fileId": stored.file_id})
         else:

@@ -142,9 +142,9 @@ IMAGE_URL = f"data:image/png;base64,{PNG}"
 NOTES = "data:text/plain;base64," + base64.b64encode(b"the tide is at noon").decode()
 
 
-def run_count(gw: Gateway) -> int:
+def run_count(gw: Gateway, table: str = "sessions_app_run") -> int:
     with sqlite3.connect(gw.env["DATABASE_URL"].removeprefix("sqlite:///"), timeout=10) as db:
-        return int(db.execute("SELECT count(*) FROM sessions_app_run").fetchone()[0])
+        return int(db.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
 
 
 def refused(call: Any) -> dict[str, Any]:
@@ -156,6 +156,7 @@ def refused(call: Any) -> dict[str, Any]:
 def test_an_image_the_agents_backend_cannot_take_is_a_400_naming_the_part(gw: Gateway) -> None:
     client = gw.sdk()
     before = run_count(gw)
+    files_before = run_count(gw, "sessions_app_storedfile")
     image = {"type": "image_url", "image_url": {"url": IMAGE_URL}}
     with_image = [
         {"role": "system", "content": "Look."},
@@ -179,6 +180,7 @@ def test_an_image_the_agents_backend_cannot_take_is_a_400_naming_the_part(gw: Ga
         == "input[1].content[0]"
     )
     assert run_count(gw) == before  # nothing admitted
+    assert run_count(gw, "sessions_app_storedfile") == files_before  # nor any inline image kept
     # an agent whose backend takes images runs the same request
     assert client.chat.completions.create(model="main", messages=with_image).choices[0].message.content == (
         "echo: what is this? (+1 attachment)"
