@@ -418,18 +418,44 @@ def _insert_many_sql(model: type[Model], rows: int, vendor: str) -> tuple[str, t
     return f"{columns} VALUES {', '.join([marks] * rows)}", preparers
 
 
+def _rows_sql(instances: Sequence[Model]) -> tuple[str, list[Any]]:
+    """One INSERT of new instances of one model, and its parameters (no pks read back)."""
+    sql, preparers = _insert_many_sql(type(instances[0]), len(instances), connection.vendor)
+    return sql, [prep(instance, True) for instance in instances for prep in preparers]
+
+
+def _inserted(instances: Sequence[Model]) -> None:
+    for instance in instances:
+        instance._state.adding = False
+        instance._state.db = connection.alias
+
+
 def insert_many(instances: Sequence[Model]) -> None:
     """Insert new instances of one model in one statement (their pks are not read back)."""
     if len(instances) == 1:
         insert(instances[0])
         return
-    sql, preparers = _insert_many_sql(type(instances[0]), len(instances), connection.vendor)
-    params = [prep(instance, True) for instance in instances for prep in preparers]
+    sql, params = _rows_sql(instances)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-    for instance in instances:
-        instance._state.adding = False
-        instance._state.db = connection.alias
+    _inserted(instances)
+
+
+def insert_models(groups: Sequence[Sequence[Model]]) -> None:
+    """Insert new instances of several models: on PostgreSQL in one statement (each model's INSERT
+    but the last in a data-modifying WITH, which runs whether or not it is read), elsewhere one
+    statement per model."""
+    if connection.vendor != "postgresql" or len(groups) < 2:
+        for same in groups:
+            insert_many(same)
+        return
+    parts = [_rows_sql(same) for same in groups]
+    with_parts = ", ".join(f"i{n} AS ({sql})" for n, (sql, _params) in enumerate(parts[:-1]))
+    params = [param for _sql, part_params in parts for param in part_params]
+    with connection.cursor() as cursor:
+        cursor.execute(f"WITH {with_parts} {parts[-1][0]}", params)
+    for same in groups:
+        _inserted(same)
 
 
 _held = threading.local()
@@ -437,8 +463,9 @@ _held = threading.local()
 
 @contextmanager
 def inserts_together() -> Iterator[None]:
-    """The rows `insert_later` is given inside the block go in when it ends, one statement per model
-    (none if it raises: its transaction, or savepoint, is then undone anyway). Nested blocks are one."""
+    """The rows `insert_later` is given inside the block go in when it ends, in one statement on
+    PostgreSQL, one per model elsewhere (`insert_models`; none if it raises: its transaction, or
+    savepoint, is then undone anyway). Nested blocks are one."""
     if getattr(_held, "rows", None) is not None:
         yield
         return
@@ -451,8 +478,7 @@ def inserts_together() -> Iterator[None]:
     by_model: dict[type[Model], list[Model]] = {}
     for row in rows:
         by_model.setdefault(type(row), []).append(row)
-    for same in by_model.values():
-        insert_many(same)
+    insert_models(list(by_model.values()))
 
 
 def insert_later(instance: Model) -> None:

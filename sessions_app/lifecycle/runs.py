@@ -406,7 +406,8 @@ def finish_run(
     A run whose session was deleted meanwhile has already ended (`killed`, stopReason
     `delete`): that is its terminal, and this returns False quietly.
     """
-    with transaction.atomic():
+    # the usage rows go in with the audit rows (`inserts_together`), before the commit
+    with transaction.atomic(), statements.inserts_together():
         found = lock_run(run_pk)
         if found is None:
             return False
@@ -416,7 +417,7 @@ def finish_run(
         if calls and run.state in ACTIVE_STATES:
             # the end saves the row (its outcome) when the run is its active run of this generation
             saved = session.active_run_id == run.pk and run.session_generation == session.session_id
-            accounting.record_calls(run, session, calls, save_row=save_row, row_saved_later=saved)
+            accounting.record_calls(run, session, calls, save_row=save_row, row_saved_later=saved, at_end=True)
         values: dict[str, Any] = {"stop_reason": stop_reason, "error_kind": error_kind, "error_message": error_message}
         text = None
         if reply is not None and announce_reply is not None:

@@ -26,7 +26,7 @@ from django.db.models import F, Q
 from django.db.models.signals import post_delete, post_save
 from django.utils import timezone
 
-from sessions_app import signals
+from sessions_app import signals, statements
 from sessions_app.models import Budget, BudgetPeriod, BudgetScope, ChatSession, Run, UsageRecord
 
 # the session row's usage totals
@@ -289,6 +289,7 @@ def record_calls(
     save_row: Callable[..., None],
     row_saved_later: bool = False,
     then_call: bool = False,
+    at_end: bool = False,
 ) -> bool:
     """Record the calls' usage (a step already recorded is skipped: a retried write counts once), add
     it to the session's totals and settle it against the run's budgets. True when a budget of the
@@ -297,7 +298,12 @@ def record_calls(
 
     The caller holds the session's lock. The totals go into the locked row, saved by `save_row`
     (`core.save_row`: its version moves), or, `row_saved_later`, by the caller's own save of the row
-    in the same transaction (the run's end saves it: no statement of its own)."""
+    in the same transaction (the run's end saves it: no statement of its own).
+
+    `at_end`: recorded by the run's end, inside its `statements.inserts_together` block: the rows go
+    in with its audit rows (one statement on PostgreSQL). Its calls are never recorded before (an
+    active run's end records only the calls not recorded mid-run, and an ended run records nothing),
+    so they are counted without the conflict check a mid-run retry needs."""
     now = timezone.now()
     tokens = [0, 0, 0]  # input, output, cost
     inserted: list[CallUsage] = []
@@ -322,7 +328,9 @@ def record_calls(
             day=now.astimezone(UTC).date(),
             created_at=now,
         )
-        if _insert(row):
+        if at_end:
+            statements.insert_later(row)
+        if at_end or _insert(row):
             inserted.append(call)
             tokens[0] += call.input_tokens
             tokens[1] += call.output_tokens

@@ -25,14 +25,20 @@ def test_a_step_written_twice_is_counted_once_and_settles_its_reservation(owner:
     assert (budget.reserved_tokens, budget.used_tokens) == (40, 0)
 
     call = CallUsage(step=1, model="m", input_tokens=30, output_tokens=50)
-    assert runs.record_step(run.pk, call) is False  # 80 of 100
-    assert runs.record_step(run.pk, call) is False  # the same step again (a write retried): nothing more
+    # (then_call=False: the run's last step; a run that means to ask again must cover that call, below)
+    assert runs.record_step(run.pk, call, then_call=False) is False  # 80 of 100
+    # the same step again (a write retried): nothing more
+    assert runs.record_step(run.pk, call, then_call=False) is False
     assert UsageRecord.objects.filter(run_pk=run.pk).count() == 1
     budget.refresh_from_db()
     assert (budget.reserved_tokens, budget.used_tokens) == (0, 80)  # the reservation's 40 became usage
+    # a next call would send those 80 again (160 of 100): a run that means to make one must stop
+    assert runs.record_step(run.pk, call) is True
+    budget.refresh_from_db()
+    assert (budget.reserved_tokens, budget.used_tokens) == (0, 80)  # nothing reserved for it
     second = CallUsage(step=2, model="m", input_tokens=10, output_tokens=15)
-    assert runs.record_step(run.pk, second) is True  # 105 of 100: spent, the run must stop
-    assert runs.record_step(run.pk, second) is True  # and a retry finds it so again
+    assert runs.record_step(run.pk, second, then_call=False) is True  # 105 of 100: spent, the run must stop
+    assert runs.record_step(run.pk, second, then_call=False) is True  # and a retry finds it so again
     assert runs.finish_run(run.pk, RunState.DONE, owner_process="", reply="x", streamed=True)
     budget.refresh_from_db()
     assert (budget.reserved_tokens, budget.used_tokens) == (0, 105)
