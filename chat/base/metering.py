@@ -71,12 +71,14 @@ def admission_estimate(
     api_token_id: int | None,
 ) -> Estimate:
     """What a send is reserved against its budgets: its prompt (message, text attachments, an HTTP
-    request's own messages), counted from text, plus its agent's output cap."""
+    request's own messages, the agent's system prompt, which every call sends), counted from text,
+    plus its agent's output cap. (`lifecycle.usage.reserve` adds the conversation so far.)"""
+    config: Mapping[str, Any] = agent.config if agent is not None else {}
     prompt = len(message) + sum(len(str(item.get("text") or "")) for item in attachments)
+    prompt += len(str(config.get("system_prompt") or ""))
     if request:
         prompt += len(json.dumps(request, default=str))
     prompt_tokens = math.ceil(prompt / CHARS_PER_TOKEN)
-    config: Mapping[str, Any] = agent.config if agent is not None else {}
     out = output_cap(config)
     price = _price(config, model_of(agent)) if agent is not None else None
     input_price, output_price = price or (0.0, 0.0)

@@ -283,6 +283,16 @@ async def test_a_send_is_reserved_its_conversation_so_far_not_only_its_own_text(
     assert (await tool_client.wait_terminal("r4", timeout=30))["state"] == "final"
 
 
+async def test_the_agents_system_prompt_is_reserved_with_every_send(tool_client, fake, alice, settings, llm):
+    # the system prompt goes with every call: 400 characters are 100 tokens of it, over the 100 left
+    settings.GATEWAY_AGENTS = {**settings.GATEWAY_AGENTS, "llm": {**llm, "system_prompt": "Be brief. " * 40}}
+    settings.GATEWAY_BUDGET_OUTPUT_TOKENS = 10
+    await make_budget(scope=BudgetScope.AGENT, agent_id="llm", max_tokens=100, period="total")
+    answer = await send(tool_client, LLM, "r1", "hi")
+    assert not answer["ok"] and answer["payload"]["errorKind"] == "budget", answer
+    assert not fake.requests
+
+
 async def test_a_run_stops_before_a_next_call_its_budget_cannot_cover(tool_client, fake, alice, settings):
     settings.GATEWAY_BUDGET_OUTPUT_TOKENS = 10
     # admission reserves 2 + 10; the first call takes 80 (budget not spent: 80 < 150), and the next
