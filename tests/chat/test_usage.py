@@ -240,12 +240,24 @@ def all_rows() -> list[UsageRecord]:
     return list(UsageRecord.objects.all())
 
 
-async def test_a_run_that_crosses_its_budget_mid_run_ends_before_its_next_tool(tool_client, fake, alice, settings):
+@pytest.mark.parametrize(
+    ("limit", "prompt", "completion"),
+    [
+        # the estimate fits; the first call's real usage does not (210 of 200: spent)
+        (200, 150, 60),
+        # the first call takes 80 (80 of 150: not spent), but the next call would send those 80 again
+        # with an answer of up to 10: 80 + 90 > 150, so it is not made
+        (150, 60, 20),
+    ],
+    ids=["spent", "next-call-does-not-fit"],
+)
+async def test_a_run_stops_before_its_next_tool_when_its_budget_cannot_take_the_next_call(
+    tool_client, fake, alice, settings, limit, prompt, completion
+):
     settings.GATEWAY_BUDGET_OUTPUT_TOKENS = 10
-    # the estimate fits; the first call's real usage does not
-    budget = await make_budget(scope=BudgetScope.AGENT, agent_id="llm", max_tokens=200, period="total")
+    budget = await make_budget(scope=BudgetScope.AGENT, agent_id="llm", max_tokens=limit, period="total")
     fake.push(
-        tool_reply(calc("1+1"), chunks=["Thinking."], usage={"prompt_tokens": 150, "completion_tokens": 60}),
+        tool_reply(calc("1+1"), chunks=["Thinking."], usage={"prompt_tokens": prompt, "completion_tokens": completion}),
         Reply(chunks=["never asked"]),
     )
     await send(tool_client, LLM, "r1", "1+1?")
@@ -254,7 +266,7 @@ async def test_a_run_that_crosses_its_budget_mid_run_ends_before_its_next_tool(t
     assert len(fake.requests) == 1  # the model is not asked again
     assert not await database_sync_to_async(ToolCall.objects.exists)()  # and no tool started
     after = await fresh(budget)
-    assert (after.used_tokens, after.reserved_tokens) == (210, 0)
+    assert (after.used_tokens, after.reserved_tokens) == (prompt + completion, 0)
     assert (await database_sync_to_async(Run.objects.get)(run_id="r1")).state == RunState.DONE
 
 
@@ -291,24 +303,6 @@ async def test_the_agents_system_prompt_is_reserved_with_every_send(tool_client,
     answer = await send(tool_client, LLM, "r1", "hi")
     assert not answer["ok"] and answer["payload"]["errorKind"] == "budget", answer
     assert not fake.requests
-
-
-async def test_a_run_stops_before_a_next_call_its_budget_cannot_cover(tool_client, fake, alice, settings):
-    settings.GATEWAY_BUDGET_OUTPUT_TOKENS = 10
-    # admission reserves 2 + 10; the first call takes 80 (budget not spent: 80 < 150), and the next
-    # call would send those 80 again with an answer of up to 10: 80 + 90 > 150, so it is not made
-    budget = await make_budget(scope=BudgetScope.AGENT, agent_id="llm", max_tokens=150, period="total")
-    fake.push(
-        tool_reply(calc("1+1"), chunks=["Thinking."], usage={"prompt_tokens": 60, "completion_tokens": 20}),
-        Reply(chunks=["never asked"]),
-    )
-    await send(tool_client, LLM, "r1", "1+1?")
-    final = await tool_client.wait_terminal("r1", timeout=30)
-    assert (final["state"], final["stopReason"]) == ("final", "budget"), final
-    assert len(fake.requests) == 1
-    assert not await database_sync_to_async(ToolCall.objects.exists)()
-    after = await fresh(budget)
-    assert (after.used_tokens, after.reserved_tokens) == (80, 0)
 
 
 async def test_a_run_whose_budget_covers_its_next_call_goes_on_to_make_it(tool_client, fake, alice, settings):
