@@ -47,11 +47,13 @@ async def create_completion(req: Request) -> Answer:
     key = runs.idempotency_key(req)
     where = runs.target(req, agent_id, key=key)
     convo = read_messages(asked.messages, named=where.named, agent_id=agent_id)
+    retry = await runs.key_taken(req, key) is not None
     async with unsent_files_forgotten(convo):
-        await resolve_files(convo, req.user.user_id, agent_id)
-        await check_clash(agent_id, asked.tools)
-        if where.named and convo.tool_results:
-            await _check_results(req, where, convo)
+        if not retry:  # (a retry's tool results answered calls its own run has since made history of)
+            await resolve_files(convo, req.user.user_id, agent_id)
+            await check_clash(agent_id, asked.tools)
+            if where.named and convo.tool_results:
+                await _check_results(req, where, convo)
         request = run_request(asked, convo, model, stateless=not where.named)
         send = runs.HttpSend(agent_id, convo.message, request, body, convo.attachments)
         admitted = await runs.start(req, send, where, key)

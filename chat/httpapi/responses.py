@@ -81,14 +81,22 @@ async def create_response(req: Request) -> Answer:
         return await _answer_approvals(req, ask, agent_id)
     model = backend_model(req, agent_id)
     key = runs.idempotency_key(req)
-    previous = await _find(req, ask.previous_response_id, "previous_response_id") if ask.previous_response_id else None
-    where = _target(req, ask, agent_id, key, previous)
+    # a retry under its key is answered from its run, even if what it continued is gone since
+    taken = await runs.key_taken(req, key)
+    retry = taken is not None
+    previous = None
+    if taken is not None and ask.previous_response_id:
+        where = runs.Target(taken, agent_id, SessionKind.DIRECT)  # the continued session, as `_target` finds it
+    else:
+        if ask.previous_response_id:
+            previous = await _find(req, ask.previous_response_id, "previous_response_id")
+        where = _target(req, ask, agent_id, key, previous)
     try:
         convo = read_messages(ask.messages, named=where.named, agent_id=agent_id)
     except ApiError as error:
         raise renamed(error, ask.sources) from None
     async with unsent_files_forgotten(convo):
-        admitted = await _admit(req, ask, agent_id, model, key, where, previous, convo, body)
+        admitted = await _admit(req, ask, agent_id, model, key, where, previous, convo, body, retry=retry)
     record = await db_read(response_reads.of_run, admitted.run.pk)
     if record is None:  # a retry under the key of a response forgotten since
         raise ApiError(404, "the response of this Idempotency-Key was deleted", code="response_not_found")
@@ -111,15 +119,19 @@ async def _admit(
     previous: ResponseRecord | None,
     convo: Conversation,
     body: dict[str, Any],
+    *,
+    retry: bool,
 ) -> runs.Admitted:
-    """The request's files resolved and its tools and results checked, then its run admitted."""
-    try:
-        await resolve_files(convo, req.user.user_id, agent_id)
-    except ApiError as error:
-        raise renamed(error, ask.sources) from None
-    await _check_tools(agent_id, ask)
-    if where.named and convo.tool_results:
-        await _check_results(req, where, convo, ask)
+    """The request's files resolved and its tools and results checked (not for a `retry` under its
+    key: its run answers it), then its run admitted."""
+    if not retry:
+        try:
+            await resolve_files(convo, req.user.user_id, agent_id)
+        except ApiError as error:
+            raise renamed(error, ask.sources) from None
+        await _check_tools(agent_id, ask)
+        if where.named and convo.tool_results:
+            await _check_results(req, where, convo, ask)
     spec = responses.ResponseSpec(
         owner_id=req.user.user_id,
         model=ask.model,

@@ -166,6 +166,17 @@ def reused_key() -> ApiError:
     )
 
 
+async def key_taken(req: Request, key: str | None) -> str | None:
+    """The session of the run the request's Idempotency-Key already has, or None. Such a request is a
+    retry, answered from that run (`start`) however the session has moved on since, so the checks
+    of a new request's content (its files, its tool results, the response it continues) are not
+    made again (one read)."""
+    if key is None:
+        return None
+    found = await db_read(gateway_reads.find_http_run, req.user.user_id, run_id_for(key))
+    return found.session.key if found is not None else None
+
+
 async def start(req: Request, send: HttpSend, where: Target, key: str | None, *, watch: bool = True) -> Admitted:
     """Admit the request's run (or find its key's run again), and (`watch`) apply the disconnect rules
     to it; a run that must go on whatever its client does (a background response) is not watched.

@@ -400,8 +400,19 @@ def test_tool_results_continue_a_named_session_where_only_its_calls_count(gw: Ga
     first = client.chat.completions.create(model="main", messages=ask, tools=WEATHER, extra_headers=header)  # type: ignore[arg-type]
     (call,) = first.choices[0].message.tool_calls or []
     result = [{"role": "tool", "tool_call_id": call.id, "content": "warm"}]
-    after = client.chat.completions.create(model="main", messages=result, tools=WEATHER, extra_headers=header)  # type: ignore[arg-type]
+    keyed = {**header, "Idempotency-Key": "weather-result"}
+    after = client.chat.completions.create(model="main", messages=result, tools=WEATHER, extra_headers=keyed)  # type: ignore[arg-type]
     assert after.choices[0].message.content == "echo: tool get_weather returned warm"
+    # its retry under the same key (a lost answer) is that run's answer again, though the session
+    # has moved on and no call waits for a result any more
+    again = client.chat.completions.with_raw_response.create(
+        model="main",
+        messages=result,  # type: ignore[arg-type]
+        tools=WEATHER,  # type: ignore[arg-type]
+        extra_headers=keyed,
+    )
+    assert again.headers.get("x-agentgate-idempotent-replay") == "true"
+    assert again.parse().choices[0].message.content == after.choices[0].message.content
     with pytest.raises(openai.BadRequestError) as unknown:
         client.chat.completions.create(
             model="main", messages=[{"role": "tool", "tool_call_id": "tc_other", "content": "x"}], extra_headers=header

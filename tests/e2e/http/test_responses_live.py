@@ -354,11 +354,21 @@ def test_client_function_tools_are_function_calls_and_their_outputs_continue(gw:
     call = next(item for item in first.output if item.type == "function_call")
     assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Oslo"}
     output = [{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}]
-    second = client.responses.create(model="main", previous_response_id=first.id, input=output, tools=tools)
+    keyed = {"Idempotency-Key": "oslo-output"}
+    second = client.responses.create(
+        model="main", previous_response_id=first.id, input=output, tools=tools, extra_headers=keyed
+    )
     assert second.status == "completed" and "sunny" in second.output_text
+    # its retry under the same key is the same response, though no call waits for that output now
+    # and the response it continued is gone
+    client.responses.delete(first.id)
+    again = client.responses.create(
+        model="main", previous_response_id=first.id, input=output, tools=tools, extra_headers=keyed
+    )
+    assert (again.id, again.output_text) == (second.id, second.output_text)
     wrong = [{"type": "function_call_output", "call_id": "call_nope", "output": "x"}]
     with pytest.raises(openai.BadRequestError) as bad:
-        client.responses.create(model="main", previous_response_id=first.id, input=wrong, tools=tools)
+        client.responses.create(model="main", previous_response_id=second.id, input=wrong, tools=tools)
     assert bad.value.body["param"] == "input[0].call_id"
 
 
