@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,17 +20,6 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 
 KEY = "agent:llm:chat"
 BRANCH_METHODS = ("sessions.branches.list", "sessions.branches.switch", "sessions.rewind", "sessions.fork")
-
-
-@pytest.fixture
-def use_agent(settings: Any, fake: FakeOpenAI, tmp_path: Path) -> Any:
-    def configure(**overrides: Any) -> dict[str, Any]:
-        config = agent_config(fake, **overrides)
-        settings.GATEWAY_AGENTS = {**settings.GATEWAY_AGENTS, "llm": config}
-        return config
-
-    configure()
-    return configure
 
 
 @pytest.fixture

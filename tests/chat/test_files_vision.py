@@ -12,21 +12,11 @@ from chat.runtime.backends.attached import UNTRUSTED_NOTE
 from tests.support import files as made
 from tests.support.communicator import Client
 from tests.support.db import send_params
-from tests.support.fake_openai import FakeOpenAI, Reply, agent_config
+from tests.support.fake_openai import Reply
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 KEY = "agent:llm:chat"
-
-
-@pytest.fixture
-def use_agent(settings: Any, fake: FakeOpenAI) -> Any:
-    def configure(**overrides: Any) -> dict[str, Any]:
-        config = agent_config(fake, **overrides)
-        settings.GATEWAY_AGENTS = {**settings.GATEWAY_AGENTS, "llm": config}
-        return config
-
-    return configure
 
 
 async def send(client: Client, run_id: str, message: str, attachments: list[dict[str, Any]]) -> dict[str, Any]:

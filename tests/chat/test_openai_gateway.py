@@ -12,24 +12,11 @@ from channels.db import database_sync_to_async
 from sessions_app.models import Run
 from tests.support.communicator import Client
 from tests.support.db import send_params
-from tests.support.fake_openai import FakeOpenAI, Reply, agent_config, closed_port_url
+from tests.support.fake_openai import Reply, closed_port_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 KEY = "agent:llm:chat"
-
-
-@pytest.fixture
-def use_agent(settings: Any, fake: FakeOpenAI) -> Any:
-    """Point agent `llm` at the fake (or elsewhere) with test-sized timeouts."""
-
-    def configure(**overrides: Any) -> dict[str, Any]:
-        config = agent_config(fake, **overrides)
-        settings.GATEWAY_AGENTS = {**settings.GATEWAY_AGENTS, "llm": config}
-        return config
-
-    configure()
-    return configure
 
 
 async def get_run(run_id: str) -> Run:

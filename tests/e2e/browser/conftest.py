@@ -52,6 +52,18 @@ def gateway_server() -> Iterator[GatewayServer]:
         server.cleanup()
 
 
+@pytest.fixture
+def own_server() -> Iterator[GatewayServer]:
+    """A server of the test's own, to stop and start again (same port, same database)."""
+    server = GatewayServer(users=1, extra_env={"GATEWAY_SHUTDOWN_DRAIN_SECONDS": "0.5"})
+    try:
+        server.prepare()
+        server.start()
+        yield server
+    finally:
+        server.cleanup()
+
+
 @pytest.fixture(autouse=True)
 def _fresh_runtime() -> Iterator[None]:
     """Replaces the suite's async runtime reset: these tests run the gateway in a subprocess.

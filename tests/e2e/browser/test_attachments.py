@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import json
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -145,17 +144,6 @@ def test_a_failed_upload_says_why_and_keeps_the_message(
     chip.get_by_test_id("remove-attachment").click()
     expect(chips(page)).to_have_count(0)
     expect(page.get_by_test_id("send")).to_be_enabled()
-
-
-@pytest.fixture
-def own_server() -> Iterator[GatewayServer]:
-    server = GatewayServer(users=1, extra_env={"GATEWAY_SHUTDOWN_DRAIN_SECONDS": "0.5"})
-    try:
-        server.prepare()
-        server.start()
-        yield server
-    finally:
-        server.cleanup()
 
 
 def test_a_message_with_an_attachment_in_the_outbox_survives_a_reload(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -410,18 +410,6 @@ def test_malformed_hash_falls_back_to_the_default_session(
 
 
 # --- restart ------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def own_server() -> Iterator[GatewayServer]:
-    """A server of this test's own, to stop and start again (same port, same database)."""
-    server = GatewayServer(users=1, extra_env={"GATEWAY_SHUTDOWN_DRAIN_SECONDS": "0.5"})
-    try:
-        server.prepare()
-        server.start()
-        yield server
-    finally:
-        server.cleanup()
 
 
 def test_server_restart_reconnects_and_sends_what_waited(own_server: GatewayServer, open_page: Any) -> None:

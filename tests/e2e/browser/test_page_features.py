@@ -7,7 +7,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -313,17 +313,6 @@ def test_sidebar_search_is_server_side_and_pages_beyond_200(
 
 
 # --- offline outbox and drafts ---------------------------------------------------------------------------
-
-
-@pytest.fixture
-def own_server() -> Iterator[GatewayServer]:
-    server = GatewayServer(users=1, extra_env={"GATEWAY_SHUTDOWN_DRAIN_SECONDS": "0.5"})
-    try:
-        server.prepare()
-        server.start()
-        yield server
-    finally:
-        server.cleanup()
 
 
 def test_message_sent_offline_and_draft_survive_a_reload(own_server: GatewayServer, open_page: Any) -> None:
