@@ -25,13 +25,13 @@ from chat.httpapi.conversation import (
     resolve_files,
     run_request,
     unknown_call,
-    unsent_files_forgotten,
 )
 from chat.httpapi.errors import ApiError
 from chat.httpapi.follow import Ended, Follower, Status, Text
 from chat.httpapi.http import Answer, EventStream, JsonAnswer, Request, SseEvent
 from chat.httpapi.models import agent_of, backend_model
 from chat.httpapi.routes import route
+from chat.methods.send import attach
 from sessions_app import gateway_reads
 from sessions_app.models import RunState
 
@@ -48,7 +48,7 @@ async def create_completion(req: Request) -> Answer:
     where = runs.target(req, agent_id, key=key)
     convo = read_messages(asked.messages, named=where.named, agent_id=agent_id)
     retry = await runs.key_taken(req, key) is not None
-    async with unsent_files_forgotten(convo):
+    async with attach.unsent_forgotten(convo.stored_now):
         if not retry:  # (a retry's tool results answered calls its own run has since made history of)
             await resolve_files(convo, req.user.user_id, agent_id)
             await check_clash(agent_id, asked.tools)

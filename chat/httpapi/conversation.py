@@ -16,10 +16,7 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import re
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -178,24 +175,6 @@ def check_taken(convo: Conversation, agent_id: str) -> None:
         refused = backend.refusal(kind) if backend is not None and kind != PENDING else None
         if refused is not None:
             raise bad_request(refused, param, "unsupported_content")
-
-
-@contextlib.asynccontextmanager
-async def unsent_files_forgotten(convo: Conversation) -> AsyncIterator[None]:
-    """Around a request's checks and admission: the inline files it stored (`resolve_files`) go again
-    unless its run was admitted with them, so a refused request leaves nothing behind.
-
-    Not when the handler is cancelled (its client left): an admission may still be going on
-    (`runs.start` shields it), and its uses are not visible before it commits. Such files are the
-    orphan sweep's."""
-    try:
-        yield
-    except asyncio.CancelledError:
-        raise
-    except BaseException:
-        await attach.forget_unsent(convo.stored_now)
-        raise
-    await attach.forget_unsent(convo.stored_now)
 
 
 async def resolve_files(convo: Conversation, owner_id: int, agent_id: str) -> None:

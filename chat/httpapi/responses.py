@@ -23,7 +23,6 @@ from chat.httpapi.conversation import (
     resolve_files,
     run_request,
     unknown_call,
-    unsent_files_forgotten,
 )
 from chat.httpapi.errors import ApiError, bad_request, from_protocol
 from chat.httpapi.follow import Follower
@@ -34,6 +33,7 @@ from chat.httpapi.response_request import ResponsesAsk, parse_responses, renamed
 from chat.httpapi.response_stream import reread, settled, streamed
 from chat.httpapi.routes import route
 from chat.methods.registry import call
+from chat.methods.send import attach
 from chat.protocol.errors import ProtocolError
 from chat.protocol.keys import canonical_key
 from chat.runtime.gateway import runtime
@@ -95,7 +95,7 @@ async def create_response(req: Request) -> Answer:
         convo = read_messages(ask.messages, named=where.named, agent_id=agent_id)
     except ApiError as error:
         raise renamed(error, ask.sources) from None
-    async with unsent_files_forgotten(convo):
+    async with attach.unsent_forgotten(convo.stored_now):
         admitted = await _admit(req, ask, agent_id, model, key, where, previous, convo, body, retry=retry)
     record = await db_read(response_reads.of_run, admitted.run.pk)
     if record is None:  # a retry under the key of a response forgotten since

@@ -79,19 +79,16 @@ def _sessions_usage(owner_id: int, start: dt.date, end: dt.date, key: str | None
     per_session = usage_reads.rollup(rows, "session_pk", "session_key", "agent_id")
     per_session.sort(key=lambda r: (-(r["cost"] or 0), -((r["input"] or 0) + (r["output"] or 0))))
     shown = per_session[:limit]
-    # the shown sessions' days and models: two roll-ups for all of them (not a query per session)
+    # the shown sessions' days and models: a roll-up for all of them each (not a query per session)
     of_shown = rows.filter(session_pk__in=[r["session_pk"] for r in shown])
-    daily: dict[Any, list[dict[str, Any]]] = defaultdict(list)
-    for d in usage_reads.rollup(of_shown, "session_pk", "day"):
-        daily[d["session_pk"]].append(d)
-    models: dict[Any, list[dict[str, Any]]] = defaultdict(list)
-    for m in usage_reads.rollup(of_shown, "session_pk", "model", "agent_id", "day"):
-        models[m["session_pk"]].append(m)
+    daily = _by_session(usage_reads.rollup(of_shown, "session_pk", "day"))
+    model_days = _by_session(usage_reads.rollup(of_shown, "session_pk", "model", "agent_id", "day"))
+    model_totals = _by_session(usage_reads.rollup(of_shown, "session_pk", "model", "agent_id"))
     stored = usage_reads.sessions_of([r["session_pk"] for r in shown if r["session_pk"] is not None])
     sessions = []
     for row in shown:
         session = stored.get(row["session_pk"])
-        mine = models[row["session_pk"]]
+        mine = model_days[row["session_pk"]]
         usage = {
             **cost_totals(row),
             "firstActivity": ms(row["first"]),
@@ -102,8 +99,8 @@ def _sessions_usage(owner_id: int, start: dt.date, end: dt.date, key: str | None
             ],
             "dailyModelUsage": [_model_day(m) for m in mine],
             "modelUsage": [
-                {"provider": agent_id, "model": model, "count": m["calls"], "totals": cost_totals(m)}
-                for (agent_id, model), m in _over_days(mine).items()
+                {"provider": m["agent_id"], "model": m["model"], "count": m["calls"], "totals": cost_totals(m)}
+                for m in model_totals[row["session_pk"]]
             ],
         }
         sessions.append(
@@ -158,16 +155,12 @@ def _sessions_usage(owner_id: int, start: dt.date, end: dt.date, key: str | None
     }
 
 
-def _over_days(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
-    """Roll-up rows of (model, agent, day) summed over their days, by (agent, model), in first-seen order."""
-    summed: dict[tuple[str, str], dict[str, Any]] = {}
-    for m in rows:
-        into = summed.setdefault((m["agent_id"], m["model"]), {"input": 0, "output": 0, "cached": 0, "calls": 0})
-        for name in ("input", "output", "cached", "calls"):
-            into[name] += m.get(name) or 0
-        if m.get("cost") is not None:
-            into["cost"] = (into.get("cost") or 0) + m["cost"]
-    return summed
+def _by_session(rows: list[dict[str, Any]]) -> dict[Any, list[dict[str, Any]]]:
+    """Roll-up rows grouped by their `session_pk`, in their order."""
+    grouped: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        grouped[row["session_pk"]].append(row)
+    return grouped
 
 
 def _model_day(m: dict[str, Any]) -> dict[str, Any]:

@@ -142,22 +142,7 @@ def fork(*, owner_id: int, key: str, entry_id: int | None, new_key: str | None =
                 )
         except IntegrityError as exc:
             raise LifecycleError("CONFLICT", "session already exists", reason="session-exists") from exc
-        copies = [
-            Message(
-                session=forked,
-                session_generation=forked.session_id,
-                role=m.role,
-                text=m.text,
-                run_id=m.run_id,
-                aborted=m.aborted,
-                command_key=m.command_key,
-                # a steered run's parts keep which of its reply and steps each carries
-                reply_start=m.reply_start,
-                first_step=m.first_step,
-                last_step=m.last_step,
-            )
-            for m in prefix
-        ]
+        copies = [_copy(m, forked) for m in prefix]
         parent_id: int | None = None
         for copy in copies:  # in order: each copy follows the one before (a fork is one branch)
             copy.parent_id = parent_id
@@ -191,6 +176,17 @@ class Sibling:
     prompt_id: int | None
     message: str
     attachments: list[dict[str, object]]
+
+
+# what places a message (its session, transcript, parent, id, time); a copy keeps everything else
+_PLACE = frozenset({"id", "session_id", "session_generation", "parent_id", "created_at"})
+
+
+def _copy(message: Message, session: ChatSession) -> Message:
+    """A message copied into `session`'s transcript as it is: its run, its text, a steered reply part's
+    span, and whatever field a message gains later."""
+    kept = {f.attname: getattr(message, f.attname) for f in Message._meta.concrete_fields if f.attname not in _PLACE}
+    return Message(session=session, session_generation=session.session_id, **kept)
 
 
 def sibling_of(session: ChatSession, regeneration: Regeneration) -> Sibling:

@@ -4,8 +4,6 @@ sessions.create's first message, the HTTP API).
 
 from __future__ import annotations
 
-import asyncio
-
 from django.conf import settings
 
 from chat.base import agents as catalog
@@ -69,18 +67,12 @@ async def admit(owner_id: int, send: send_params.ChatSendParams) -> SendOutcome:
     # stored files named by id resolved for this owner, inline images' bytes stored (chat.files.attach)
     stored_now: list[files.StoredNow] = []
     send.attachments = await attach.prepare(owner_id, send.attachments, stored_now)
-    try:
+    async with attach.unsent_forgotten(stored_now):  # a send not admitted keeps none of them
         # A key seen before is answered from what is stored, without a write (§4).
         known = await db_read(_known_send, owner_id, send)
-        outcome = known if isinstance(known, SendOutcome) else await _admit(owner_id, send, known)
-    except asyncio.CancelledError:
-        # (the connection went: its admission may still commit in its thread; the sweep has these)
-        raise
-    except BaseException:
-        await attach.forget_unsent(stored_now)
-        raise
-    await attach.forget_unsent(stored_now)  # a send not admitted keeps none of them
-    return outcome
+        if isinstance(known, SendOutcome):
+            return known
+        return await _admit(owner_id, send, known)
 
 
 def _known_send(owner_id: int, send: send_params.ChatSendParams) -> SendOutcome | ChatSession | None:

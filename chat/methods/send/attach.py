@@ -3,6 +3,9 @@ file is not found), inline images' bytes stored, so every image a run has is a s
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 from chat.base.db import db_read, db_write
@@ -16,7 +19,7 @@ async def prepare(
 ) -> list[dict[str, Any]]:
     """The attachments as a run keeps them (JSON only); raise INVALID_REQUEST for a file not found.
     Files stored now (inline ones not stored before) are added to `stored_now`: the caller forgets
-    them if the send is not admitted (`files.forget_unsent`)."""
+    them if the send is not admitted (`unsent_forgotten`)."""
     if not attachments:
         return attachments
     if any(INLINE_BYTES in a for a in attachments):
@@ -26,8 +29,25 @@ async def prepare(
     return attachments
 
 
-async def forget_unsent(stored_now: list[files.StoredNow]) -> None:
-    """What `prepare` stored for a request, gone again unless its run was admitted with it."""
+@contextlib.asynccontextmanager
+async def unsent_forgotten(stored_now: list[files.StoredNow]) -> AsyncIterator[None]:
+    """Around a send's admission (and an HTTP request's checks before it): what `prepare` stored for it
+    goes again unless its run was admitted with it, so a refused send leaves nothing behind.
+
+    Not when the handler is cancelled (its client or connection left): the admission may still be
+    going on in its database thread (HTTP's `runs.start` shields it), and its uses are not visible
+    before it commits. Such files are the orphan sweep's."""
+    try:
+        yield
+    except asyncio.CancelledError:
+        raise
+    except BaseException:
+        await _forget(stored_now)
+        raise
+    await _forget(stored_now)
+
+
+async def _forget(stored_now: list[files.StoredNow]) -> None:
     if stored_now:
         await db_write(files.forget_unsent, stored_now)
 
