@@ -9,6 +9,7 @@ the ORM would make them. Everything else goes through the ORM.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from collections import defaultdict
@@ -117,6 +118,16 @@ def _known(found: ChatSession, extras: Sequence[Any]) -> ChatSession:
     if extras[2] == found.version:
         setattr(found, QUEUED_IDS, _queue_of(extras[3]))
     return found
+
+
+def lock_name(name: str) -> None:
+    """Serialise the transactions that take this name until each ends, where no row exists yet to
+    lock: PostgreSQL's advisory transaction lock (SQLite's IMMEDIATE transactions already serialise
+    every writer)."""
+    if connection.vendor == "postgresql":
+        lock = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [lock])
 
 
 def session(where: str, params: Sequence[Any], *, lock: bool = False) -> ChatSession | None:

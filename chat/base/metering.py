@@ -16,7 +16,7 @@ from typing import Any
 from django.conf import settings
 
 from chat.base import agents as catalog
-from sessions_app.lifecycle.usage import CallUsage, Estimate
+from sessions_app.lifecycle.usage import CallUsage, Estimate, priced
 
 CHARS_PER_TOKEN = 4  # a rough count of tokens from text, where a backend reports none
 
@@ -43,7 +43,7 @@ def cost_micros(config: Mapping[str, Any], model: str, input_tokens: int, output
     price = _price(config, model)
     if price is None:
         return None
-    return round(input_tokens * price[0] + output_tokens * price[1])
+    return priced(input_tokens, output_tokens, *price)
 
 
 def max_run_tokens(config: Mapping[str, Any]) -> int | None:

@@ -8,7 +8,6 @@ abort, error or end changes nothing and emits nothing.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -115,16 +114,6 @@ def lock_or_create_session(
     session.active_run = session.last_run = None  # known: no query to find out
     row_changed(session, reason="create", actor=actor)
     return session
-
-
-def lock_name(name: str) -> None:
-    """Serialise the transactions that take this name until each ends, where no row exists yet to
-    lock: PostgreSQL's advisory transaction lock (SQLite's IMMEDIATE transactions already serialise
-    every writer)."""
-    if connection.vendor == "postgresql":
-        lock = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [lock])
 
 
 # --- the session row ------------------------------------------------------------------------

@@ -24,7 +24,6 @@ from sessions_app.lifecycle.core import (
     dispatch_stamp,
     emit_run,
     kill,
-    lock_name,
     lock_or_create_session,
     lock_run,
     next_queue_seq,
@@ -135,7 +134,7 @@ def _admit_send(req: SendRequest, *, owner_process: str, actor: str) -> SendOutc
         if req.owner_scoped_key:
             # Two requests racing under one key may name different sessions (each holding only its own
             # lock): the key's lock makes the second wait, then find the first one's run.
-            lock_name(f"run-key:{req.owner_id}:{req.run_id}")
+            statements.lock_name(f"run-key:{req.owner_id}:{req.run_id}")
             keyed = gateway_reads.find_http_run(req.owner_id, req.run_id)
             if keyed is not None:
                 return replay_of(keyed, keyed.session, req.body_hash, lambda: gateway_reads.queue_position(keyed))

@@ -11,7 +11,6 @@ racing writer; budgets are always taken in id order (no deadlock). SQLite serial
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,6 +51,11 @@ class CallUsage:
         return self.input_tokens + self.output_tokens
 
 
+def priced(input_tokens: int, output_tokens: int, input_price: float, output_price: float) -> int:
+    """A call's cost in USD millionths, its prices in USD per million tokens (so millionths per token)."""
+    return round(input_tokens * input_price + output_tokens * output_price)
+
+
 @dataclass
 class Estimate:
     """What admission reserves for one run against every budget that applies: the send's own part
@@ -66,7 +70,7 @@ class Estimate:
     output_price: float = 0.0
 
     def call_cost(self, input_tokens: int, output_tokens: int) -> int:
-        return round(input_tokens * self.input_price + output_tokens * self.output_price)
+        return priced(input_tokens, output_tokens, self.input_price, self.output_price)
 
 
 class OverBudget(Exception):
@@ -204,7 +208,7 @@ def reserve(
         return None
     if settings.GATEWAY_DEFAULT_USER_BUDGET:
         # two first sends of a new user must not both create the default (PostgreSQL; SQLite serialises)
-        _lock(f"budget-default:{owner_id}")
+        statements.lock_name(f"budget-default:{owner_id}")
         _default_user_budget(owner_id)
     budgets = applicable(owner_id, agent_id, estimate.api_token_id)
     if not budgets:
@@ -248,13 +252,6 @@ def _take(budgets: list[list[Any]], tokens: int, cost: int, now: datetime) -> in
         if not taken:
             return int(budget_id)
     return None
-
-
-def _lock(name: str) -> None:
-    if connection.vendor == "postgresql":
-        lock = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [lock])
 
 
 # --- recording a call -------------------------------------------------------------------------
